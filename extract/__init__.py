@@ -1,0 +1,1 @@
+"""Extraction: cost models (`<unit>_cost.py`) and extractors (greedy DAG, exact ILP)."""

@@ -1,0 +1,11 @@
+"""optimus_egg: equality-saturation graph optimizer for PyTorch FX graphs.
+
+    fast = optimus_egg.optimize(gm, example_inputs, budget_s=1.0)
+    compiled = torch.compile(model, backend="optimus_egg")
+"""
+from optimus_egg.backend import backend, optimus_egg_backend
+from optimus_egg.pipeline import Report, optimize
+from optimus_egg.saturate import Limits
+
+__all__ = ["Limits", "Report", "backend", "optimize", "optimus_egg_backend"]
+__version__ = "0.1.0"

@@ -1,0 +1,20 @@
+"""split_cat family: a split whose pieces are put back together, in order and on the same dim, is its input."""
+from egglog import Vec, eq, i64, ruleset
+
+from optimus_egg.dsl import rw
+from optimus_egg.sorts import Pieces, Tensor, cat, pieces_from, split
+
+split_cat = ruleset(name="split_cat")
+
+
+@split_cat.register
+def _(x: Tensor, sizes: Vec[i64], d: i64, xs: Vec[Tensor], p: Pieces):
+    # mirrors: remove_split_with_size_one_pass
+    yield rw("split-one-piece", split(x, sizes, d)[0], x,
+             eq(sizes.length()).to(i64(1)))            # guard: exactly one piece
+
+    # mirrors: split_cat_pass (simplify_split_cat, all pieces in order)
+    yield rw("cat-of-split-pieces", cat(xs, d), x,
+             pieces_from(xs, p, 0),                    # guard: every operand is the matching piece
+             eq(p).to(split(x, sizes, d)),             # guard: shared `d`: cat on the split dim
+             eq(xs.length()).to(sizes.length()))       # guard: no piece left out

@@ -1,0 +1,266 @@
+"""The greedy baseline: PyTorch's own Optimus passes (torch 2.13), applied without compiling.
+
+This module owns the Optimus configuration we compare against (``OPTIMUS_PRE_GRAD``,
+``OPTIMUS_POST_GRAD``), the function that applies the pre-grad passes to a copy of an FX
+graph (``optimus``), the counters those passes leave behind, and ``capture`` for getting a
+Dynamo-level graph out of an ``nn.Module``.
+
+What Optimus needs before it fires (measured on torch 2.13):
+
+* ``call_function`` nodes on torch-level functions (``F.linear``/``torch._C._nn.linear``,
+  ``F.layer_norm``, ``torch.tanh``, ``torch.split`` ...). ``torch.fx.symbolic_trace`` keeps
+  ``nn.Linear``/``nn.LayerNorm``/``nn.Tanh`` as ``call_module`` nodes, which no Optimus
+  pattern matches. Dynamo graphs already have the functional form.
+* ``node.meta["example_value"]`` on every node it looks at (inputs and weights included).
+  ``symbolic_trace`` graphs have no meta at all; Dynamo graphs have it, but
+  ``torch._dynamo.export`` gives symbolic batch sizes by default, on which the fused
+  ``baddbmm`` meta fails (logged, leaves ``example_value`` missing).
+
+``optimus`` therefore (1) re-traces the graph through built-in ``torch.nn`` modules, turning
+them into functional calls on ``get_attr`` weights, the same form Dynamo produces, and
+(2) propagates static-shape fake tensors into ``meta["val"]`` and ``meta["example_value"]``.
+With that, Optimus fires identically on ``symbolic_trace`` graphs, Dynamo backend graphs
+(parameters lifted to placeholders) and ``torch._dynamo.export`` graphs.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+from torch._dynamo.utils import counters
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+__all__ = [
+    "MIN_FUSE_SET_SIZE",
+    "OPTIMUS_PRE_GRAD",
+    "OPTIMUS_POST_GRAD",
+    "verify_options",
+    "capture",
+    "prepare",
+    "optimus",
+    "optimus_counters",
+    "inductor_with_optimus",
+]
+
+# Optimus groups at least 5 same-key nodes by default (min_fuse_set_size). A fair
+# baseline on small test graphs and on models with a few parallel branches lets it group
+# as few as 2, the smallest group that can save a launch.
+MIN_FUSE_SET_SIZE = 2
+
+_BATCH = {"min_fuse_set_size": MIN_FUSE_SET_SIZE}
+
+# Execution order: Inductor always runs normalization_pass first, then every batch fusion
+# in key order, then the remaining pattern passes in key order. Batch fusions are listed
+# with batch_linear_lhs before batch_linear so that linears sharing an input become one
+# wide addmm rather than a baddbmm over copies of that input. The split/cat passes follow
+# torch's own pre_grad_pass_names order. Left out: batch_dropout (changes random masks),
+# merge_stack_tahn_unbind_pass (a name with no registered pattern in 2.13) and
+# einsum_to_pointwise_pass (outside the split/cat and batching families).
+OPTIMUS_PRE_GRAD: dict[str, dict[str, Any]] = {
+    "normalization_pass": {},
+    "batch_linear_lhs": dict(_BATCH),
+    "batch_linear": dict(_BATCH),
+    "batch_layernorm": dict(_BATCH),
+    "batch_tanh": dict(_BATCH),
+    "batch_sigmoid": dict(_BATCH),
+    "batch_relu": dict(_BATCH),
+    "batch_detach": dict(_BATCH),
+    "batch_nan_to_num": dict(_BATCH),
+    "batch_clamp": dict(_BATCH),
+    "remove_split_with_size_one_pass": {},
+    "merge_getitem_cat_pass": {},
+    "merge_splits_pass": {},
+    "mutate_cat_pass": {},
+    "split_cat_pass": {},
+    "unbind_stack_pass": {},
+    "split_cat_to_slices_pass": {},
+    "unbind_cat_to_view_pass": {},
+    "split_stack_to_cats_pass": {},
+    "unbind_stack_to_slices_pass": {},
+    "move_reshape_out_of_split_stack_pass": {},
+}
+
+# Post-grad (ATen) passes that do something on CPU. Left out: group_linear (needs
+# fbgemm's gmm), decompose_mm_pass (M <= 1 only on CPU), pad_aten_mm_pass and
+# shape_padding_multiplier (CUDA + Triton).
+OPTIMUS_POST_GRAD: dict[str, dict[str, Any]] = {
+    "batch_linear_post_grad": dict(_BATCH),
+    "batch_aten_tanh": dict(_BATCH),
+    "batch_aten_sigmoid": dict(_BATCH),
+    "batch_aten_relu": dict(_BATCH),
+    "batch_aten_add": dict(_BATCH),
+    "batch_aten_sub": dict(_BATCH),
+    "batch_aten_div": dict(_BATCH),
+    "batch_aten_mul": dict(_BATCH),
+    "normalization_aten_pass": {},
+    "unbind_stack_aten_pass": {},
+    "split_cat_aten_pass": {},
+    "select_cat_aten_pass": {},
+    "move_view_after_cat_aten_pass": {},
+}
+
+
+def verify_options(
+    pre_grad: dict[str, dict] | None = None, post_grad: dict[str, dict] | None = None
+) -> None:
+    """Raise KeyError naming every option key the installed torch does not know."""
+    from torch._inductor.fx_passes.group_batch_fusion import (
+        POST_GRAD_FUSIONS,
+        PRE_GRAD_FUSIONS,
+    )
+    from torch._inductor.fx_passes.split_cat import POST_GRAD_PATTERNS, PRE_GRAD_PATTERNS
+
+    pre_grad = OPTIMUS_PRE_GRAD if pre_grad is None else pre_grad
+    post_grad = OPTIMUS_POST_GRAD if post_grad is None else post_grad
+    unknown = [k for k in pre_grad if k not in PRE_GRAD_FUSIONS and k not in PRE_GRAD_PATTERNS]
+    unknown += [
+        k for k in post_grad if k not in POST_GRAD_FUSIONS and k not in POST_GRAD_PATTERNS
+    ]
+    if unknown:
+        raise KeyError(f"unknown Optimus options for torch {torch.__version__}: {unknown}")
+
+
+def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """Capture ``model`` with Dynamo as one static-shape torch-level graph.
+
+    The result is called like ``model`` (same positional inputs, same output structure),
+    holds the weights as ``get_attr`` attributes and carries Dynamo's
+    ``meta["example_value"]``. Raises on graph breaks.
+    """
+    result = torch._dynamo.export(model, assume_static_by_default=True)(*example_inputs)
+    return result.graph_module
+
+
+class _InlineTracer(fx.Tracer):
+    """Traces through built-in torch.nn modules (Linear -> F.linear on get_attr weights)."""
+
+    def __init__(self, opaque: set[str]):
+        super().__init__()
+        self.opaque = opaque
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return module_qualified_name in self.opaque or not _is_torch_nn(m)
+
+
+def _is_torch_nn(m: torch.nn.Module) -> bool:
+    return type(m).__module__.startswith("torch.nn")
+
+
+def _traceable(m: torch.nn.Module) -> bool:
+    try:
+        _InlineTracer(set()).trace(m)
+    except Exception:  # noqa: BLE001 - any tracing failure means "keep it a leaf"
+        return False
+    return True
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new GraphModule over a deep copy of the graph; weights are shared, not copied."""
+    out = fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    out.meta.update(gm.meta)
+    return out
+
+
+def _inline_modules(gm: fx.GraphModule) -> fx.GraphModule:
+    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+    if not calls:
+        return _copy(gm)
+    opaque: set[str] = set()
+    verdict: dict[type, bool] = {}
+    for node in calls:
+        mod = gm.get_submodule(node.target)
+        if not _is_torch_nn(mod):
+            continue
+        if type(mod) not in verdict:
+            verdict[type(mod)] = _traceable(mod)
+        if not verdict[type(mod)]:
+            opaque.add(node.target)
+    try:
+        graph = _InlineTracer(opaque).trace(gm)
+    except Exception:  # noqa: BLE001 - keep the original form; Optimus just matches less
+        return _copy(gm)
+    out = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    out.meta.update(gm.meta)
+    return out
+
+
+def _propagate_meta(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    # Static shapes on purpose: symbolic sizes make the meta of Optimus's fused nodes fail.
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    FakeTensorProp(gm, mode).propagate(*example_inputs)
+    for node in gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["example_value"] = node.meta["val"]
+
+
+def prepare(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """A copy of ``gm`` in the form Optimus matches: functional calls plus fake-tensor meta.
+
+    Built-in ``torch.nn`` modules become functional calls on ``get_attr`` weights (modules
+    that cannot be traced stay ``call_module``); every node gets static-shape
+    ``meta["val"]`` and ``meta["example_value"]``. Values and signature are unchanged.
+    """
+    out = _inline_modules(gm)
+    _propagate_meta(out, example_inputs)
+    return out
+
+
+def optimus_counters() -> dict[str, int]:
+    """Snapshot of ``torch._dynamo.utils.counters["inductor"]`` (which Optimus passes fired)."""
+    return {k: v for k, v in counters["inductor"].items() if v}
+
+
+def optimus(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: dict[str, dict[str, Any]] | None = None,
+) -> fx.GraphModule:
+    """Apply Optimus's pre-grad passes to a copy of ``gm``; ``gm`` itself is not changed.
+
+    ``options`` defaults to ``OPTIMUS_PRE_GRAD``. The counters the passes produced are in
+    the result's ``meta["optimus_counters"]``. The result takes the same inputs as ``gm``.
+    """
+    from torch._inductor import config
+    from torch._inductor.fx_passes.pre_grad import pre_grad_passes
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    options = OPTIMUS_PRE_GRAD if options is None else options
+    verify_options(options, {})
+    out = prepare(gm, example_inputs)
+    counters["inductor"].clear()
+    with config.patch(
+        pre_grad_fusion_options=copy.deepcopy(options), force_disable_caches=True
+    ):
+        out = pre_grad_passes(out, list(example_inputs))
+    fired = optimus_counters()
+    # fuse() can insert a node ahead of its inputs, and leaves unused weights behind.
+    stable_topological_sort(out.graph)
+    out.graph.eliminate_dead_code()
+    out.graph.lint()
+    out.recompile()
+    out.meta["optimus_counters"] = fired
+    return out
+
+
+def inductor_with_optimus(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    post_grad: bool = True,
+) -> fx.GraphModule:
+    """The Optimus arm: ``optimus(gm)`` ready for ``measure.compile_inductor``.
+
+    With ``post_grad`` the result also carries
+    ``meta["inductor_config_patches"] = {"post_grad_fusion_options": OPTIMUS_POST_GRAD}``,
+    which ``measure.compile_inductor`` applies, so the ATen-level Optimus passes run too.
+    """
+    out = optimus(gm, example_inputs)
+    if post_grad:
+        verify_options({}, OPTIMUS_POST_GRAD)
+        out.meta["inductor_config_patches"] = {
+            "post_grad_fusion_options": copy.deepcopy(OPTIMUS_POST_GRAD)
+        }
+    return out

@@ -1,0 +1,636 @@
+"""Lowering: FX GraphModule -> egglog e-graph.
+
+Owns reading `node.meta`, normalizing every spelling of an op (module / function / method /
+ATen, positional / keyword, negative dims, int / list split sizes) into one constructor, and
+seeding the facts rules guard on: static shapes, which templates are elementwise, and the
+candidate groups of the horizontal (batch_*) rules.
+
+Independence of a group is guaranteed here: members share a longest-path depth from the
+graph inputs, and a path between two nodes would make their depths differ.
+
+Mutation safety: every node that touches a mutated tensor or any of its views (the alias
+set) becomes an opaque, un-deduplicated call that also depends on the previous such node, so
+no rule matches it and to_fx keeps their order.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from egglog import EGraph, Vec, f64, i64, set_
+
+from optimus_egg.sorts import (
+    Outputs, Tensor, cat, layer_norm, layer_norm_slot, linear, linear_slot, origin, pointwise,
+    pointwise_slot, shape, split, stack, unbind,
+)
+
+aten = torch.ops.aten
+
+
+class Unsupported(Exception):
+    """A construct from_fx cannot lower (the pipeline falls back to the input graph)."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Position of the k-th tensor operand inside a template's args."""
+    k: int
+
+
+@dataclass
+class Template:
+    """An FX call with its value operands abstracted as Slots."""
+    op: str            # call_function | call_method | call_module
+    target: Any
+    args: tuple
+    kwargs: dict
+    n_deps: int = 0    # trailing ordering-only operands (mutation chains)
+
+
+@dataclass
+class Lowered:
+    egraph: EGraph
+    gm: fx.GraphModule
+    nodes: list[fx.Node]                  # origin index -> FX node
+    templates: list[Template]
+    leaves: dict[str, fx.Node]            # Tensor.input name -> placeholder / get_attr node
+    root: Outputs
+    output_args: Any                      # output structure with Slots into root's Vec
+    n_outputs: int                        # root entries that are real outputs (the rest keep effects)
+    exprs: dict[fx.Node, Any]
+    groups: dict[str, int] = field(default_factory=dict)
+    shapes: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
+    frozen: bool = False
+
+
+# ---- the vocabulary ------------------------------------------------------------------
+
+_UNARY = {  # canonical elementwise ops taking one tensor
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "exp": torch.exp,
+    "neg": torch.neg, "gelu": F.gelu, "silu": F.silu, "clamp": torch.clamp,
+    "nan_to_num": torch.nan_to_num, "detach": torch.detach, "abs": torch.abs,
+    "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "log": torch.log, "square": torch.square,
+}
+_FN_ALIASES = {
+    F.relu: "relu", F.sigmoid: "sigmoid", F.tanh: "tanh", F.gelu: "gelu", F.silu: "silu",
+    torch.clip: "clamp", torch.clamp_min: "clamp", torch.clamp_max: "clamp",
+    torch.Tensor.relu: "relu",
+    aten.tanh.default: "tanh", aten.sigmoid.default: "sigmoid", aten.relu.default: "relu",
+    aten.exp.default: "exp", aten.neg.default: "neg", aten.gelu.default: "gelu",
+    aten.silu.default: "silu", aten.clamp.default: "clamp", aten.nan_to_num.default: "nan_to_num",
+    aten.detach.default: "detach", aten.abs.default: "abs", aten.sqrt.default: "sqrt",
+    aten.rsqrt.default: "rsqrt", aten.log.default: "log",
+}
+_MODULE_UNARY = {torch.nn.ReLU: "relu", torch.nn.Tanh: "tanh", torch.nn.Sigmoid: "sigmoid",
+                 torch.nn.GELU: "gelu", torch.nn.SiLU: "silu"}
+_BINARY = {operator.add: torch.add, operator.sub: torch.sub, operator.mul: torch.mul,
+           operator.truediv: torch.div, torch.add: torch.add, torch.sub: torch.sub,
+           torch.mul: torch.mul, torch.div: torch.div, "add": torch.add, "sub": torch.sub,
+           "mul": torch.mul, "div": torch.div,
+           aten.add.Tensor: torch.add, aten.sub.Tensor: torch.sub, aten.mul.Tensor: torch.mul,
+           aten.div.Tensor: torch.div}
+_LINEAR = {F.linear, torch._C._nn.linear, aten.linear.default}
+_LAYER_NORM = {F.layer_norm, torch.layer_norm, aten.layer_norm.default}
+_CAT = {torch.cat, torch.concat, torch.concatenate, aten.cat.default}
+_STACK = {torch.stack, aten.stack.default}
+_SPLIT = {torch.split, torch.functional.split, torch.Tensor.split, aten.split.Tensor, aten.split_with_sizes.default,
+          "split", "split_with_sizes"}
+_CHUNK = {torch.chunk, "chunk", aten.chunk.default}
+_UNBIND = {torch.unbind, "unbind", aten.unbind.int}
+_DROPOUT = {F.dropout, torch.dropout, aten.dropout.default}
+_VIEW_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t",
+                 "movedim", "squeeze", "unsqueeze", "expand", "narrow", "select", "split",
+                 "chunk", "unbind", "as_strided", "view_as", "reshape_as", "contiguous",
+                 "__getitem__", "detach", "T", "split_with_sizes", "diagonal", "unfold"}
+# Known side-effect-free calls: a template for one of these may be shared (CSE).
+_PURE_NAMES = {
+    "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "layer_norm", "add", "sub", "mul",
+    "div", "truediv", "tanh", "sigmoid", "relu", "gelu", "silu", "exp", "neg", "clamp",
+    "nan_to_num", "detach", "split", "chunk", "unbind", "getitem", "cat", "concat", "stack",
+    "view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "movedim",
+    "squeeze", "unsqueeze", "sum", "mean", "softmax", "embedding_bag", "size", "contiguous",
+    "abs", "sqrt", "rsqrt", "log", "square", "pow", "expand", "triu", "tril", "masked_fill",
+    "clone", "to", "float", "type_as", "sum", "amax", "max", "min", "where", "einsum",
+    "log_softmax", "select", "narrow", "flatten", "view_as", "reshape_as", "repeat", "floordiv",
+    "mod", "eq", "ne", "lt", "gt", "le", "ge", "cumsum", "native_layer_norm", "split_with_sizes",
+    "_to_copy", "sym_size", "floor_divide", "triu_indices", "diagonal", "addcmul", "fill",
+}
+_RANDOM = {"dropout", "rand", "randn", "randint", "bernoulli", "multinomial", "normal",
+           "rand_like", "randn_like", "native_dropout", "uniform", "alpha_dropout"}
+
+
+def _name(target) -> str:
+    if isinstance(target, str):
+        return target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    return getattr(target, "__name__", str(target))
+
+
+def _is_mutation(node: fx.Node) -> bool:
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if node.target is operator.setitem:
+        return True
+    if isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema.is_mutable
+    name = _name(node.target)
+    return (name.endswith("_") and not name.endswith("__")) or "out" in node.kwargs
+
+
+def _is_view(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in _VIEW_METHODS
+    if node.op == "call_function":
+        if node.target is operator.getitem:
+            return True
+        if isinstance(node.target, torch._ops.OpOverload):
+            return bool(node.target._schema.returns and node.target._schema.returns[0].alias_info)
+        return _name(node.target) in _VIEW_METHODS
+    return False
+
+
+def _alias_effects(graph: fx.Graph) -> list[fx.Node]:
+    """Nodes touching a mutated tensor or one of its views, in graph order."""
+    mutated = [n for n in graph.nodes if _is_mutation(n)]
+    if not mutated:
+        return []
+    aliased: set[fx.Node] = set()
+    todo = [a for n in mutated for a in n.all_input_nodes[:1]] + mutated
+    while todo:
+        n = todo.pop()
+        if n in aliased:
+            continue
+        aliased.add(n)
+        if _is_view(n) or _is_mutation(n):
+            todo.extend(n.all_input_nodes[:1])
+        todo.extend(u for u in n.users if _is_view(u) or _is_mutation(u))
+    touched = set(aliased)
+    for n in aliased:
+        touched.update(u for u in n.users if u.op != "output")
+    return [n for n in graph.nodes if n in touched and n.op not in ("placeholder", "get_attr")]
+
+
+# ---- shapes --------------------------------------------------------------------------
+
+def _meta_value(node: fx.Node):
+    for key in ("val", "example_value"):
+        if key in node.meta:
+            return node.meta[key]
+    tm = node.meta.get("tensor_meta")
+    return tm
+
+
+def _static_shape(v) -> tuple[int, ...] | None:
+    s = getattr(v, "shape", None)
+    if s is None:
+        return None
+    try:
+        return tuple(int(d) for d in s) if all(isinstance(d, int) for d in s) else None
+    except TypeError:
+        return None
+
+
+def check_inputs(gm: fx.GraphModule, example_inputs) -> list:
+    """Validate example inputs against the placeholders (count, and shapes where known)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = list(example_inputs)
+    if len(inputs) != len(placeholders):
+        raise ValueError(
+            f"example_inputs has {len(inputs)} values but the graph has {len(placeholders)} "
+            f"placeholders ({', '.join(p.name for p in placeholders)}); pass one value per placeholder")
+    for p, x in zip(placeholders, inputs):
+        want = _static_shape(_meta_value(p))
+        if want is not None and isinstance(x, torch.Tensor) and tuple(x.shape) != want:
+            raise ValueError(f"example input for placeholder '{p.name}' has shape {tuple(x.shape)}, "
+                             f"but the graph was captured with {want}")
+    return inputs
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What lowering needs of a value: its static shape, dtype and device."""
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
+def propagate_shapes(gm: fx.GraphModule, inputs: list) -> dict[fx.Node, Any]:
+    """node -> example value (or its Meta) for every node, from meta or by propagation.
+
+    Graphs without mutation run for real under no_grad (fast, and no first-use cost of fake
+    tensors); graphs with in-place ops propagate fake tensors so example inputs are untouched.
+    """
+    vals = {n: _meta_value(n) for n in gm.graph.nodes}
+    if all(v is not None for n, v in vals.items() if n.op != "output"):
+        return vals
+    env: dict[fx.Node, Any] = {}
+
+    def keep(n, r):
+        env[n] = Meta(tuple(r.shape), r.dtype, r.device) if isinstance(r, torch.Tensor) else r
+        return r
+
+    try:
+        if any(_is_mutation(n) for n in gm.graph.nodes):
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+            class _Fake(FakeTensorProp):
+                def run_node(self, n):
+                    return keep(n, super().run_node(n))
+
+            with mode:
+                _Fake(gm, mode).propagate_dont_convert_inputs(*fakes)
+        else:
+            class _Real(fx.Interpreter):
+                def run_node(self, n):
+                    return keep(n, super().run_node(n))
+
+            with torch.no_grad():
+                _Real(gm).run(*inputs)
+    except Exception as e:  # a shape mismatch surfaces here for untyped graphs
+        raise ValueError(f"example inputs do not fit the graph: {type(e).__name__}: {e}") from e
+    return {n: (vals[n] if vals[n] is not None else env.get(n)) for n in gm.graph.nodes}
+
+
+def _depths(graph: fx.Graph) -> dict[fx.Node, int]:
+    depth: dict[fx.Node, int] = {}
+    for n in graph.nodes:
+        depth[n] = 1 + max((depth[a] for a in n.all_input_nodes), default=-1)
+    return depth
+
+
+# ---- lowering ------------------------------------------------------------------------
+
+class _Lowerer:
+    def __init__(self, gm: fx.GraphModule, values: dict, training: bool, freeze: bool):
+        self.gm = gm
+        self.values = values
+        self.training = training
+        self.freeze = freeze
+        self.egraph = EGraph()
+        self.nodes: list[fx.Node] = []
+        self.templates: list[Template] = []
+        self._template_ids: dict[str, int] = {}
+        self.leaves: dict[str, fx.Node] = {}
+        self.expr: dict[fx.Node, Any] = {}
+        self.pieces: dict[fx.Node, Any] = {}    # tuple-valued node -> Pieces
+        self.facts: list = []
+        self.shapes: dict[fx.Node, tuple[int, ...]] = {}
+        self.effects = _alias_effects(gm.graph)
+        self.effect_set = set(self.effects)
+        self.pointwise_ops: set[int] = set()
+        self.kind: dict[fx.Node, tuple] = {}   # node -> (family, key, payload) for grouping
+
+    # templates ---------------------------------------------------------------
+    def template(self, op: str, target, args: tuple, kwargs: dict, shared: bool, n_deps: int = 0) -> int:
+        t = Template(op, target, args, kwargs, n_deps)
+        key = repr((op, target, args, sorted(kwargs.items())))
+        if shared and key in self._template_ids:
+            return self._template_ids[key]
+        self.templates.append(t)
+        if shared:
+            self._template_ids[key] = len(self.templates) - 1
+        return len(self.templates) - 1
+
+    def abstract(self, node: fx.Node):
+        """Replace node operands by Slots; returns (args, kwargs, operand nodes)."""
+        operands: list[fx.Node] = []
+
+        def sub(a):
+            if isinstance(a, fx.Node):
+                operands.append(a)
+                return Slot(len(operands) - 1)
+            return a
+
+        args = fx.node.map_aggregate(node.args, sub)
+        kwargs = fx.node.map_aggregate(dict(node.kwargs), sub)
+        return tuple(args), dict(kwargs), operands
+
+    def value(self, n: fx.Node):
+        if n in self.expr:
+            return self.expr[n]
+        raise Unsupported(f"node {n.name} used as a value but it produces a tuple that was lowered as pieces")
+
+    # per node ----------------------------------------------------------------
+    def lower(self, n: fx.Node, deps: list):
+        idx = len(self.nodes)
+        self.nodes.append(n)
+        v = self.values.get(n)
+        shp = _static_shape(v)
+        if shp is not None:
+            self.shapes[n] = shp
+        if n.op in ("placeholder", "get_attr"):
+            self.leaves[n.name] = n
+            e = Tensor.input(n.name)
+        elif n in self.effect_set:
+            e = self.opaque(n, deps)
+        else:
+            e = self.normalized(n)
+            if e is None:
+                e = self.opaque(n, [], shared=self.is_pure(n))
+        if e is None:
+            return
+        if isinstance(e, tuple):  # ("pieces", P)
+            self.pieces[n] = e[1]
+            return
+        self.expr[n] = e
+        self.facts.append(set_(origin(e)).to(i64(idx)))
+        if shp is not None:
+            self.facts.append(set_(shape(e)).to(Vec[i64](*[i64(d) for d in shp]) if shp else Vec[i64].empty()))
+
+    def is_pure(self, n: fx.Node) -> bool:
+        if n.op == "call_module":
+            return False
+        name = _name(n.target).lstrip("_") if n.target is not operator.getitem else "getitem"
+        if name in _RANDOM or _is_mutation(n):
+            return False
+        return name in _PURE_NAMES or _name(n.target) in _PURE_NAMES or n.target in _BINARY
+
+    def opaque(self, n: fx.Node, deps: list, shared: bool = False):
+        args, kwargs, operands = self.abstract(n)
+        values = [self.operand(a) for a in operands]
+        tid = self.template(n.op, n.target, args, kwargs, shared and not deps, n_deps=len(deps))
+        if self.tuple_valued(n):
+            from optimus_egg.sorts import Pieces
+            return ("pieces", Pieces.call(tid, Vec[Tensor](*values, *deps)))
+        return Tensor.call(tid, Vec[Tensor](*values, *deps))
+
+    def tuple_valued(self, n: fx.Node) -> bool:
+        return bool(n.users) and all(u.op == "call_function" and u.target is operator.getitem
+                                     and isinstance(u.args[1], int) for u in n.users)
+
+    def operand(self, a: fx.Node):
+        if a in self.pieces:
+            raise Unsupported(f"tuple value {a.name} used whole")
+        return self.expr[a]
+
+    def arg(self, n: fx.Node, i: int, name: str, default=None):
+        if len(n.args) > i:
+            return n.args[i]
+        return n.kwargs.get(name, default)
+
+    def dim(self, n: fx.Node, d: int, rank_of: fx.Node | None = None, extra: int = 0) -> int | None:
+        if d >= 0:
+            return d
+        shp = self.shapes.get(rank_of if rank_of is not None else n)
+        return None if shp is None else d + len(shp) + extra
+
+    def normalized(self, n: fx.Node):
+        """The op's constructor, or None to lower it as a template call."""
+        if n.op == "call_module":
+            return self.module(n)
+        if n.op not in ("call_function", "call_method"):
+            return None
+        t = n.target
+        if n.op == "call_function" and t is operator.getitem:
+            src = n.args[0]
+            if isinstance(src, fx.Node) and src in self.pieces and isinstance(n.args[1], int):
+                p = self.pieces[src]
+                i = n.args[1]
+                return p[i if i >= 0 else i + self.n_pieces(src)]
+            return None
+        name = t if n.op == "call_method" else None
+        key = name if name is not None else t
+        if key in _LINEAR and n.op == "call_function":
+            x, w = self.arg(n, 0, "input"), self.arg(n, 1, "weight")
+            b = self.arg(n, 2, "bias")
+            return self.make_linear(n, x, w, b)
+        if key in _LAYER_NORM and n.op == "call_function":
+            x, ns = self.arg(n, 0, "input"), self.arg(n, 1, "normalized_shape")
+            w, b = self.arg(n, 2, "weight"), self.arg(n, 3, "bias")
+            eps = self.arg(n, 4, "eps", 1e-5)
+            return self.make_layer_norm(n, x, list(ns), w, b, float(eps))
+        if key in _CAT or key in _STACK:
+            xs, d = self.arg(n, 0, "tensors"), self.arg(n, 1, "dim", 0)
+            if not isinstance(xs, (list, tuple)) or not all(isinstance(a, fx.Node) for a in xs):
+                return None
+            extra = 1 if key in _STACK else 0
+            d = self.dim(n, d, xs[0], extra) if xs else d
+            if d is None:
+                return None
+            vs = Vec[Tensor](*[self.operand(a) for a in xs])
+            return stack(vs, d) if key in _STACK else cat(vs, d)
+        if key in _SPLIT or key in _CHUNK:
+            return self.make_split(n, key in _CHUNK)
+        if key in _UNBIND:
+            x, d = self.arg(n, 0, "input" if n.op == "call_function" else "self"), self.arg(n, 1, "dim", 0)
+            d = self.dim(n, d, x)
+            if d is None or not self.tuple_valued(n) or x not in self.shapes:
+                return None
+            self.kind[n] = ("n", self.shapes[x][d])
+            return ("pieces", unbind(self.operand(x), d))
+        if key in _DROPOUT:
+            training = self.arg(n, 2, "training", True) if key is F.dropout else self.arg(n, 2, "train", True)
+            p = self.arg(n, 1, "p", 0.5)
+            if not training or p == 0:
+                return self.operand(self.arg(n, 0, "input"))
+            return None
+        unary = _FN_ALIASES.get(t) if n.op == "call_function" else None
+        if unary is None and n.op == "call_function" and t in _UNARY.values():
+            unary = next(k for k, v in _UNARY.items() if v is t)
+        if unary is None and n.op == "call_method" and t in _UNARY:
+            unary = t
+        if unary is not None:
+            return self.make_unary(n, _UNARY[unary], n.args[0], n.args[1:], dict(n.kwargs))
+        if key in _BINARY:
+            return self.make_binary(n, _BINARY[key])
+        return None
+
+    def n_pieces(self, n: fx.Node) -> int:
+        return self.kind[n][1]
+
+    def module(self, n: fx.Node):
+        mod = self.gm.get_submodule(n.target)
+        x = n.args[0] if n.args else None
+        if isinstance(mod, torch.nn.Linear):
+            return self.make_linear(n, x, self.attr(f"{n.target}.weight"),
+                                    self.attr(f"{n.target}.bias") if mod.bias is not None else None)
+        if isinstance(mod, torch.nn.LayerNorm):
+            w = self.attr(f"{n.target}.weight") if mod.weight is not None else None
+            b = self.attr(f"{n.target}.bias") if mod.bias is not None else None
+            return self.make_layer_norm(n, x, list(mod.normalized_shape), w, b, float(mod.eps))
+        if type(mod) in _MODULE_UNARY:
+            kwargs = {"approximate": mod.approximate} if isinstance(mod, torch.nn.GELU) else {}
+            return self.make_unary(n, _UNARY[_MODULE_UNARY[type(mod)]], x, (), kwargs)
+        if isinstance(mod, torch.nn.Identity) or (isinstance(mod, torch.nn.Dropout) and (not mod.training or mod.p == 0)):
+            return self.operand(x)
+        return None
+
+    def attr(self, target: str):
+        """A module parameter as a leaf (it gets its own get_attr node in to_fx)."""
+        name = "attr:" + target
+        if name not in self.leaves:
+            self.leaves[name] = target  # type: ignore[assignment]
+        return name
+
+    def leaf_or_operand(self, a):
+        if a is None:
+            return Tensor.none()
+        if isinstance(a, str):
+            return Tensor.input(a)
+        return self.operand(a)
+
+    def make_linear(self, n, x, w, b):
+        if not isinstance(x, fx.Node):
+            return None
+        e = linear(self.operand(x), self.leaf_or_operand(w), self.leaf_or_operand(b))
+        xs, ws = self.shapes.get(x), self.shape_of(w)
+        if xs is not None and ws is not None:
+            self.kind[n] = ("linear", (xs, ws, self.dtype(x)), (x, w, b))
+        return e
+
+    def make_layer_norm(self, n, x, ns, w, b, eps):
+        if not isinstance(x, fx.Node) or not all(isinstance(d, int) for d in ns):
+            return None
+        e = layer_norm(self.operand(x), Vec[i64](*[i64(d) for d in ns]), self.leaf_or_operand(w),
+                       self.leaf_or_operand(b), f64(eps))
+        if x in self.shapes:
+            self.kind[n] = ("layer_norm", (self.shapes[x], tuple(ns), eps, w is None, b is None,
+                                           self.dtype(x)), (x, ns, w, b, eps))
+        return e
+
+    def make_unary(self, n, fn, x, rest, kwargs):
+        if not isinstance(x, fx.Node) or any(isinstance(a, fx.Node) for a in (*rest, *kwargs.values())):
+            return None
+        tid = self.template("call_function", fn, (Slot(0), *rest), kwargs, shared=True)
+        self.pointwise_ops.add(tid)
+        if x in self.shapes:
+            self.kind[n] = ("pointwise", (tid, self.shapes[x], self.dtype(x)), x)
+        return Tensor.call(tid, Vec[Tensor](self.operand(x)))
+
+    def make_binary(self, n, fn):
+        a, b = n.args[0], n.args[1] if len(n.args) > 1 else n.kwargs.get("other")
+        if n.kwargs and set(n.kwargs) - {"other"}:
+            return None
+        tensor_args = [v for v in (a, b) if isinstance(v, fx.Node)]
+        if len(tensor_args) == 1 and isinstance(a if b is tensor_args[0] else b, (int, float)):
+            x = tensor_args[0]
+            out = self.shapes.get(n)
+            if out is None or out != self.shapes.get(x):
+                return None  # a 0-d or broadcasting operand is not elementwise in x
+            args = (Slot(0), b) if a is x else (a, Slot(0))
+            return self.make_templated_pointwise(n, fn, args, x)
+        return None
+
+    def make_templated_pointwise(self, n, fn, args, x):
+        tid = self.template("call_function", fn, args, {}, shared=True)
+        self.pointwise_ops.add(tid)
+        if x in self.shapes:
+            self.kind[n] = ("pointwise", (tid, self.shapes[x], self.dtype(x)), x)
+        return Tensor.call(tid, Vec[Tensor](self.operand(x)))
+
+    def make_split(self, n, chunk: bool):
+        x = self.arg(n, 0, "input" if n.op == "call_function" else "self")
+        if n.op == "call_function" and n.target in (torch.split, torch.functional.split, torch.Tensor.split):
+            sizes, d = self.arg(n, 1, "split_size_or_sections"), self.arg(n, 2, "dim", 0)
+        elif chunk:
+            sizes, d = self.arg(n, 1, "chunks"), self.arg(n, 2, "dim", 0)
+        else:
+            sizes, d = self.arg(n, 1, "split_size"), self.arg(n, 2, "dim", 0)
+            if sizes is None:
+                sizes = self.arg(n, 1, "split_sizes")
+        if not isinstance(x, fx.Node) or x not in self.shapes or not self.tuple_valued(n):
+            return None
+        d = self.dim(n, d, x)
+        length = self.shapes[x][d]
+        if chunk:
+            if not isinstance(sizes, int):
+                return None
+            step = math.ceil(length / sizes) if length else 0
+            sizes = [min(step, length - s) for s in range(0, length, step)] if step else [0]
+        elif isinstance(sizes, int):
+            sizes = [min(sizes, length - s) for s in range(0, length, sizes)] if sizes else [length]
+        if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) for s in sizes):
+            return None
+        self.kind[n] = ("n", len(sizes))
+        return ("pieces", split(self.operand(x), Vec[i64](*[i64(s) for s in sizes]), d))
+
+    def shape_of(self, a):
+        if isinstance(a, str):
+            return tuple(self.gm.get_parameter(a[5:]).shape) if a.startswith("attr:") else None
+        return self.shapes.get(a)
+
+    def dtype(self, a) -> str:
+        v = self.values.get(a)
+        return str(getattr(v, "dtype", None)) + str(getattr(v, "device", None))
+
+    # groups ------------------------------------------------------------------
+    def seed_groups(self) -> dict[str, int]:
+        depth = _depths(self.gm.graph)
+        buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
+        for n, k in self.kind.items():
+            if k[0] in ("linear", "layer_norm", "pointwise") and n in self.expr:
+                buckets[(k[0], k[1], depth[n])].append(n)
+        counts: dict[str, int] = defaultdict(int)
+        for (family, _key, _d), members in buckets.items():
+            if len(members) < 2:
+                continue
+            counts[family] += 1
+            if family == "linear":
+                xs = Vec[Tensor](*[self.operand(self.kind[m][2][0]) for m in members])
+                ws = Vec[Tensor](*[self.leaf_or_operand(self.kind[m][2][1]) for m in members])
+                bs = Vec[Tensor](*[self.leaf_or_operand(self.kind[m][2][2]) for m in members])
+                self.facts += [linear_slot(xs, ws, bs, i) for i in range(len(members))]
+            elif family == "layer_norm":
+                _, ns, w, b, eps = self.kind[members[0]][2]
+                xs = Vec[Tensor](*[self.operand(self.kind[m][2][0]) for m in members])
+                ws = Vec[Tensor](*[self.leaf_or_operand(self.kind[m][2][2]) for m in members])
+                bs = Vec[Tensor](*[self.leaf_or_operand(self.kind[m][2][3]) for m in members])
+                nsv = Vec[i64](*[i64(d) for d in ns])
+                self.facts += [layer_norm_slot(xs, nsv, ws, bs, f64(eps), i) for i in range(len(members))]
+            else:
+                tid = self.kind[members[0]][1][0]
+                xs = Vec[Tensor](*[self.operand(self.kind[m][2]) for m in members])
+                self.facts += [pointwise_slot(tid, xs, i) for i in range(len(members))]
+        return dict(counts)
+
+
+def from_fx(gm: fx.GraphModule, example_inputs, *, training: bool | None = None,
+            freeze: bool = False, seed_groups: bool = True) -> Lowered:
+    """Lower `gm` into a fresh e-graph; raises ValueError on inputs that do not fit the graph."""
+    inputs = check_inputs(gm, example_inputs)
+    values = propagate_shapes(gm, inputs)
+    if training is None:
+        training = gm.training
+    lw = _Lowerer(gm, values, training, freeze)
+    prev_effect = None
+    out_node = None
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            out_node = n
+            continue
+        deps = [prev_effect] if (n in lw.effect_set and prev_effect is not None) else []
+        lw.lower(n, deps)
+        if n in lw.effect_set:
+            prev_effect = lw.expr.get(n) if n in lw.expr else prev_effect
+    if out_node is None:
+        raise Unsupported("graph has no output node")
+    outs: list = []
+
+    def sub(a):
+        if isinstance(a, fx.Node):
+            outs.append(lw.operand(a))
+            return Slot(len(outs) - 1)
+        return a
+
+    output_args = fx.node.map_aggregate(out_node.args[0], sub)
+    n_outputs = len(outs)
+    if prev_effect is not None:
+        outs.append(prev_effect)  # keeps the last effect (and its chain) alive
+    root = Outputs.of(Vec[Tensor](*outs))
+    groups = lw.seed_groups() if seed_groups else {}
+    for tid in sorted(lw.pointwise_ops):
+        lw.facts.append(pointwise(tid))
+    lw.egraph.register(root, *lw.facts)
+    return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
+                   lw.expr, groups, lw.shapes, freeze)

@@ -1,0 +1,78 @@
+"""Saturation: runs the rulesets under limits and records why the search stopped.
+
+The only module that sets limits. Each iteration runs every enabled ruleset once, in
+SCHEDULE_ORDER, inside push/pop: an iteration that takes the e-graph past `node_limit` is
+rolled back. egglog 13.2 cannot interrupt a running iteration, so the clock is checked
+between iterations, and an iteration is not started when the last one's time, scaled by the
+e-graph's growth, would overrun the deadline.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from egglog import EGraph, Ruleset, run, seq
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    iterations: int = 30
+    node_limit: int = 200_000   # e-nodes across all tables; 10k-node FX graphs seed ~60k
+
+
+@dataclass
+class SaturationReport:
+    iterations: int = 0
+    stop_reason: str = "not_run"       # saturated | budget | node_limit | iter_limit
+    nodes: int = 0
+    matches: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+    rolled_back: bool = False
+
+
+def egraph_nodes(egraph: EGraph) -> int:
+    return sum(n for _, n in egraph.all_function_sizes())
+
+
+def saturate(egraph: EGraph, rulesets: dict[str, Ruleset], limits: Limits, deadline: float) -> SaturationReport:
+    rep = SaturationReport(nodes=egraph_nodes(egraph))
+    start = time.perf_counter()
+    if not rulesets:
+        rep.stop_reason = "saturated"
+        return rep
+    schedule = seq(*(run(rs) for rs in rulesets.values()))
+    last_s, growth = 0.0, 1.0
+    while True:
+        now = time.perf_counter()
+        if rep.iterations >= limits.iterations:
+            rep.stop_reason = "iter_limit"
+            break
+        if now >= deadline or now + last_s * growth > deadline:
+            rep.stop_reason = "budget"
+            break
+        before = rep.nodes
+        egraph.push()
+        t0 = time.perf_counter()
+        report = egraph.run(schedule)
+        last_s = time.perf_counter() - t0
+        size = egraph_nodes(egraph)
+        if size > limits.node_limit:
+            egraph.pop()
+            rep.stop_reason, rep.rolled_back = "node_limit", True
+            break
+        rep.iterations += 1
+        rep.nodes = size
+        growth = max(1.0, size / max(before, 1))
+        for rule, count in report.num_matches_per_rule.items():
+            rep.matches[rule.name] += count
+        log.debug("iteration %d: %d nodes, %.3fs", rep.iterations, size, last_s)
+        if not report.updated:
+            rep.stop_reason = "saturated"
+            break
+    rep.seconds = time.perf_counter() - start
+    log.debug("saturation stopped: %s after %d iterations", rep.stop_reason, rep.iterations)
+    return rep

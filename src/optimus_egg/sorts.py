@@ -1,0 +1,122 @@
+"""The e-graph language: sorts, op constructors and analyses that rules match on.
+
+Every FX value is a `Tensor` (non-tensor values such as sizes travel the same way through
+`Tensor.call`). Ops that rules read have their own constructor; every other FX node is a
+`Tensor.call(op, args)` whose `op` indexes a template kept by `from_fx` (target and
+non-tensor arguments), so any graph round-trips unchanged. `egg_fn` names are the op names
+that `extract` and `to_fx` read from the serialized e-graph.
+"""
+from __future__ import annotations
+
+from egglog import Expr, StringLike, Unit, Vec, f64, f64Like, function, i64, i64Like, method
+
+
+class Tensor(Expr):
+    @method(egg_fn="input")
+    @classmethod
+    def input(cls, name: StringLike) -> Tensor: ...  # placeholder or get_attr, by FX name
+
+    @method(egg_fn="none")
+    @classmethod
+    def none(cls) -> Tensor: ...  # an absent optional tensor (bias, affine weight)
+
+    @method(egg_fn="call")
+    @classmethod
+    def call(cls, op: i64Like, args: Vec[Tensor]) -> Tensor: ...
+
+
+class Pieces(Expr):
+    """A tuple of tensors (split, unbind, or a tuple-valued template op)."""
+
+    @method(egg_fn="call_multi")
+    @classmethod
+    def call(cls, op: i64Like, args: Vec[Tensor]) -> Pieces: ...
+
+    @method(egg_fn="item")
+    def __getitem__(self, i: i64Like) -> Tensor: ...
+
+
+class Outputs(Expr):
+    """The synthetic root: all graph outputs, extracted together so sharing is kept."""
+
+    @method(egg_fn="outputs")
+    @classmethod
+    def of(cls, values: Vec[Tensor]) -> Outputs: ...
+
+
+@function(egg_fn="linear")
+def linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor: ...
+
+
+@function(egg_fn="layer_norm")
+def layer_norm(x: Tensor, shape: Vec[i64], w: Tensor, b: Tensor, eps: f64Like) -> Tensor: ...
+
+
+@function(egg_fn="cat")
+def cat(xs: Vec[Tensor], d: i64Like) -> Tensor: ...
+
+
+@function(egg_fn="stack")
+def stack(xs: Vec[Tensor], d: i64Like) -> Tensor: ...
+
+
+@function(egg_fn="split")
+def split(x: Tensor, sizes: Vec[i64], d: i64Like) -> Pieces: ...
+
+
+@function(egg_fn="unbind")
+def unbind(x: Tensor, d: i64Like) -> Pieces: ...
+
+
+@function(egg_fn="batched_linear")
+def batched_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    """x [N, M, K] @ w[N, O, K]^T + b[N, O] (or no bias): one bmm / baddbmm."""
+
+
+@function(egg_fn="batched_layer_norm")
+def batched_layer_norm(x: Tensor, shape: Vec[i64], w: Tensor, b: Tensor, eps: f64Like) -> Tensor:
+    """layer_norm over the trailing `shape` dims of x [N, ...], then per-member affine w/b [N, *shape]."""
+
+
+# ---- analyses and facts (seeded by from_fx, extended by rules) -----------------------
+
+@function(egg_fn="shape")
+def shape(x: Tensor) -> Vec[i64]:
+    """Static shape. No merge: unioning tensors of different shapes is an error (soundness check)."""
+
+
+@function(egg_fn="origin", merge=lambda old, new: old)
+def origin(x: Tensor) -> i64:
+    """Index of the FX node this tensor came from (for meta and stack traces)."""
+
+
+@function(egg_fn="pointwise")
+def pointwise(op: i64Like) -> Unit:
+    """Template `op` is elementwise in its single tensor argument (shape-preserving)."""
+
+
+@function(egg_fn="linear_slot")
+def linear_slot(xs: Vec[Tensor], ws: Vec[Tensor], bs: Vec[Tensor], i: i64Like) -> Unit:
+    """Member i of an independent same-signature group of linears."""
+
+
+@function(egg_fn="layer_norm_slot")
+def layer_norm_slot(xs: Vec[Tensor], shape: Vec[i64], ws: Vec[Tensor], bs: Vec[Tensor], eps: f64Like, i: i64Like) -> Unit:
+    """Member i of an independent same-signature group of layer norms."""
+
+
+@function(egg_fn="pointwise_slot")
+def pointwise_slot(op: i64Like, xs: Vec[Tensor], i: i64Like) -> Unit:
+    """Member i of an independent same-shape group of one pointwise op."""
+
+
+@function(egg_fn="pieces_from")
+def pieces_from(xs: Vec[Tensor], p: Pieces, i: i64Like) -> Unit:
+    """xs[j] is p[j] for every j >= i."""
+
+
+__all__ = [
+    "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "f64",
+    "i64", "layer_norm", "layer_norm_slot", "linear", "linear_slot", "origin", "pieces_from",
+    "pointwise", "pointwise_slot", "shape", "split", "stack", "unbind",
+]

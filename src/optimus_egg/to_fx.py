@@ -1,0 +1,178 @@
+"""Raising: an extraction of the e-graph -> a new FX GraphModule.
+
+Owns building FX nodes and their meta. Every e-class is emitted once (memoized), so shared
+values stay shared; placeholders keep their order; parameters and submodules of the input
+module are kept; meta (val / example_value / stack_trace) is copied from the FX node an
+e-class came from, and filled by fake propagation for new nodes.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from optimus_egg import ops
+from optimus_egg.extract.graph import Graph
+from optimus_egg.extract.greedy import Extraction
+from optimus_egg.from_fx import Lowered, Slot
+
+_META_KEYS = ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack")
+
+
+class _Raiser:
+    def __init__(self, lowered: Lowered, g: Graph, ex: Extraction):
+        self.lw, self.g, self.choice = lowered, g, ex.choice
+        self.graph = fx.Graph()
+        self.env: dict[str, object] = {}
+        self.leaf_nodes: dict[str, fx.Node] = {}
+        self.new_nodes: list[fx.Node] = []
+        for n in lowered.gm.graph.nodes:  # placeholders first, in order, even if unused
+            if n.op == "placeholder":
+                p = self.graph.placeholder(n.name, type_expr=n.type,
+                                           default_value=n.args[0] if n.args else inspect.Signature.empty)
+                p.meta = dict(n.meta)
+                self.leaf_nodes[n.name] = p
+
+    def value(self, cls: str):
+        if cls in self.env:
+            return self.env[cls]
+        if cls not in self.g.classes:  # a primitive or a Vec
+            v = self.g.values[cls]
+            return [self.value(e) for e in v] if isinstance(v, list) else v
+        stack = [cls]
+        while stack:  # iterative post-order: deep graphs exceed Python's recursion limit
+            c = stack[-1]
+            if c in self.env:
+                stack.pop()
+                continue
+            pending = [k for k in self.deps(c) if k not in self.env]
+            if pending:
+                stack.extend(reversed(pending))
+                continue
+            stack.pop()
+            self.env[c] = self.emit(c)
+        return self.env[cls]
+
+    def deps(self, cls: str) -> list[str]:
+        out = []
+        for c in self.g.nodes[self.choice[cls]].children:
+            if c in self.g.classes:
+                out.append(c)
+            elif isinstance(self.g.values.get(c), list):
+                out.extend(e for e in self.g.values[c] if e in self.g.classes)
+        return out
+
+    def call(self, target, *args, **kwargs) -> fx.Node:
+        node = self.graph.call_function(target, tuple(args), kwargs)
+        self.new_nodes.append(node)
+        return node
+
+    def emit(self, cls: str):
+        n = self.g.nodes[self.choice[cls]]
+        a = [self.value(c) for c in n.children]
+        op = n.op
+        if op == "input":
+            return self.leaf(a[0])
+        if op == "none":
+            return None
+        if op in ("call", "call_multi"):
+            node = self.template(a[0], a[1])
+        elif op == "item":
+            node = self.call(operator.getitem, a[0], a[1])
+        elif op == "linear":
+            node = self.call(F.linear, a[0], a[1], a[2])
+        elif op == "layer_norm":
+            node = self.call(F.layer_norm, a[0], list(a[1]), a[2], a[3], a[4])
+        elif op == "cat":
+            node = self.call(torch.cat, list(a[0]), a[1])
+        elif op == "stack":
+            if all(x is None for x in a[0]):
+                return None
+            target = torch.stack if not any(x is None for x in a[0]) else ops.stack_optional
+            node = self.call(target, list(a[0]), a[1]) if target is torch.stack else self.call(target, list(a[0]))
+        elif op == "split":
+            node = self.call(torch.split, a[0], list(a[1]), a[2])
+        elif op == "unbind":
+            node = self.call(torch.unbind, a[0], a[1])
+        elif op == "batched_linear":
+            node = self.call(ops.batched_linear, a[0], a[1], self.bias(n.children[2], a[1]))
+        elif op == "batched_layer_norm":
+            node = self.call(ops.batched_layer_norm, a[0], list(a[1]), a[2], a[3], a[4])
+        elif op == "outputs":
+            return a[0]
+        else:
+            raise RuntimeError(f"to_fx: no lowering for e-graph op {op!r}")
+        origin = self.g.origins.get(cls)
+        if origin is not None:
+            src = self.lw.nodes[origin]
+            node.meta.update({k: src.meta[k] for k in _META_KEYS if k in src.meta})
+        return node
+
+    def bias(self, cls: str, w):
+        """A stacked bias where some members have none: zeros for those (beyond Optimus)."""
+        n = self.g.nodes[self.choice[cls]]
+        if n.op == "stack":
+            members = [self.value(e) for e in self.g.values[n.children[0]]]
+            if any(m is None for m in members) and not all(m is None for m in members):
+                return self.call(ops.stack_bias, members, w)
+        return self.value(cls)
+
+    def leaf(self, name: str) -> fx.Node:
+        if name in self.leaf_nodes:
+            return self.leaf_nodes[name]
+        src = self.lw.leaves[name]
+        target = src.target if isinstance(src, fx.Node) else src
+        node = self.graph.get_attr(target)
+        if isinstance(src, fx.Node):
+            node.meta = dict(src.meta)
+        self.leaf_nodes[name] = node
+        return node
+
+    def template(self, tid: int, operands: list):
+        t = self.lw.templates[tid]
+        real = operands[: len(operands) - t.n_deps]
+
+        def fill(x):
+            return real[x.k] if isinstance(x, Slot) else x
+
+        args = fx.node.map_aggregate(t.args, fill)
+        kwargs = fx.node.map_aggregate(t.kwargs, fill)
+        node = self.graph.create_node(t.op, t.target, tuple(args), dict(kwargs))
+        self.new_nodes.append(node)
+        return node
+
+
+def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None) -> fx.GraphModule:
+    r = _Raiser(lowered, g, ex)
+    outs = r.value(g.root)  # emits the effect chain kept alive in the root too
+    output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
+    r.graph.output(output_args)
+    gm = fx.GraphModule(lowered.gm, r.graph, class_name=type(lowered.gm).__name__)
+    gm.graph.lint()
+    dynamo_meta = any("example_value" in n.meta for n in lowered.gm.graph.nodes)
+    if example_inputs is not None and dynamo_meta:  # traced graphs carry no meta to keep up
+        fill_meta(gm, example_inputs, uses_example_value=True)
+    return gm
+
+
+def fill_meta(gm: fx.GraphModule, example_inputs, uses_example_value: bool) -> None:
+    """Give every new node a fake `val` (and `example_value` for Dynamo graphs)."""
+    missing = [n for n in gm.graph.nodes if n.op not in ("output",) and "val" not in n.meta]
+    if not missing:
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    try:
+        with mode:
+            FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    except Exception:  # meta is a courtesy for later passes; values never depend on it
+        return
+    for n in gm.graph.nodes:
+        if uses_example_value and "val" in n.meta and "example_value" not in n.meta:
+            n.meta["example_value"] = n.meta["val"]
