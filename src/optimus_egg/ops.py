@@ -6,16 +6,9 @@ import torch
 import torch.nn.functional as F
 
 
-def stack_bias(biases: list[torch.Tensor | None], weights: list[torch.Tensor]) -> torch.Tensor | None:
-    """Stack per-member biases; a member without a bias contributes zeros; None if none has one."""
-    if all(b is None for b in biases):
-        return None
-    return torch.stack([b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-
-
-def stack_optional(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
-    """Stack affine parameters that are either all present or all absent."""
-    return None if tensors[0] is None else torch.stack(tensors)
+def stack_bias(biases: list[torch.Tensor | None], w: torch.Tensor) -> torch.Tensor:
+    """Stack per-member biases for stacked weights w [N, O, K]; a member without one gets zeros."""
+    return torch.stack([b if b is not None else w.new_zeros(w.shape[1]) for b in biases])
 
 
 def batched_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

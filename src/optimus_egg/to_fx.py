@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -20,6 +21,12 @@ from optimus_egg.extract.greedy import Extraction
 from optimus_egg.from_fx import Lowered, Slot
 
 _META_KEYS = ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack")
+
+
+@dataclass
+class _PartialStack:
+    """A stack of optional tensors where only some are present."""
+    members: list
 
 
 class _Raiser:
@@ -91,14 +98,16 @@ class _Raiser:
         elif op == "stack":
             if all(x is None for x in a[0]):
                 return None
-            target = torch.stack if not any(x is None for x in a[0]) else ops.stack_optional
-            node = self.call(target, list(a[0]), a[1]) if target is torch.stack else self.call(target, list(a[0]))
+            if any(x is None for x in a[0]):
+                return _PartialStack(a[0])  # biases of a mixed group: completed by batched_linear
+            node = self.call(torch.stack, list(a[0]), a[1])
         elif op == "split":
             node = self.call(torch.split, a[0], list(a[1]), a[2])
         elif op == "unbind":
             node = self.call(torch.unbind, a[0], a[1])
         elif op == "batched_linear":
-            node = self.call(ops.batched_linear, a[0], a[1], self.bias(n.children[2], a[1]))
+            bias = self.call(ops.stack_bias, a[2].members, a[1]) if isinstance(a[2], _PartialStack) else a[2]
+            node = self.call(ops.batched_linear, a[0], a[1], bias)
         elif op == "batched_layer_norm":
             node = self.call(ops.batched_layer_norm, a[0], list(a[1]), a[2], a[3], a[4])
         elif op == "outputs":
@@ -110,15 +119,6 @@ class _Raiser:
             src = self.lw.nodes[origin]
             node.meta.update({k: src.meta[k] for k in _META_KEYS if k in src.meta})
         return node
-
-    def bias(self, cls: str, w):
-        """A stacked bias where some members have none: zeros for those (beyond Optimus)."""
-        n = self.g.nodes[self.choice[cls]]
-        if n.op == "stack":
-            members = [self.value(e) for e in self.g.values[n.children[0]]]
-            if any(m is None for m in members) and not all(m is None for m in members):
-                return self.call(ops.stack_bias, members, w)
-        return self.value(cls)
 
     def leaf(self, name: str) -> fx.Node:
         if name in self.leaf_nodes:

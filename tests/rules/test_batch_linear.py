@@ -1,0 +1,67 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from optimus_egg import ops
+from optimus_egg.rules.batch_linear import batch_linear
+from optimus_egg.testing import calls, fired, optimize_with
+
+
+class ParallelLinears(nn.Module):
+    def __init__(self, n=8, k=16, o=32, bias=True):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(k, o, bias=bias) for _ in range(n))
+
+    def forward(self, x):
+        xs = torch.unbind(x, dim=0)
+        return [l(xs[i]) for i, l in enumerate(self.ls)]
+
+
+def test_batch_linear():
+    m = ParallelLinears()
+    after, report = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(8, 4, 16))
+    assert fired(report, "batch-linear")
+    assert calls(after, nn.Linear) == 0 and calls(after, ops.batched_linear) == 1
+
+
+def test_batch_linear_mixed_bias_beyond_optimus():
+    m = ParallelLinears(n=6)
+    m.ls[1].bias = None
+    m.ls[4].bias = None
+    after, report = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(6, 4, 16))
+    assert fired(report, "batch-linear")
+    assert calls(after, ops.batched_linear) == 1 and calls(after, ops.stack_bias) == 1
+
+
+def test_batch_linear_3d_inputs_beyond_optimus():
+    m = ParallelLinears(n=6)
+    after, report = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(6, 2, 3, 16))
+    assert fired(report, "batch-linear")
+    assert calls(after, ops.batched_linear) == 1
+
+
+def test_batch_linear_needs_same_shape():
+    wa, wb = torch.randn(32, 16), torch.randn(8, 16)
+
+    def before(x, y):
+        return F.linear(x, wa), F.linear(y, wb)
+
+    _, report = optimize_with(before, batch_linear, torch.randn(4, 16), torch.randn(4, 16))
+    assert not fired(report, "batch-linear")
+
+
+def test_batch_linear_needs_independence():
+    w = torch.randn(16, 16)
+
+    def before(x):
+        return F.linear(F.linear(x, w), w)  # same signature, but the second reads the first
+
+    _, report = optimize_with(before, batch_linear, torch.randn(4, 16))
+    assert not fired(report, "batch-linear")
+
+
+def test_batch_linear_unprofitable_pair_left_alone():
+    m = ParallelLinears(n=2)
+    after, report = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(2, 4, 16))
+    assert fired(report, "batch-linear")  # the alternative exists ...
+    assert calls(after, nn.Linear) == 2 and not report.changed  # ... but 3 stacks + 1 bmm > 2 GEMMs

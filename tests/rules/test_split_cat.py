@@ -1,0 +1,70 @@
+import torch
+
+from optimus_egg.rules.split_cat import split_cat
+from optimus_egg.testing import calls, fired, optimize_with
+
+
+def test_cat_of_split_pieces():
+    def before(x):
+        a, b, c = torch.split(x, [2, 3, 1], dim=1)
+        return torch.cat([a, b, c], dim=1) * 2
+
+    after, report = optimize_with(before, split_cat, torch.randn(4, 6))
+    assert fired(report, "cat-of-split-pieces")
+    assert calls(after, torch.split) == calls(after, torch.cat) == 0
+
+
+def test_cat_of_split_pieces_needs_same_dim():
+    def before(x):
+        a, b = torch.split(x, [2, 2], dim=1)
+        return torch.cat([a, b], dim=0)
+
+    _, report = optimize_with(before, split_cat, torch.randn(4, 4))
+    assert not fired(report, "cat-of-split-pieces")
+
+
+def test_cat_of_split_pieces_needs_order():
+    def before(x):
+        a, b = torch.split(x, [2, 2], dim=1)
+        return torch.cat([b, a], dim=1)
+
+    _, report = optimize_with(before, split_cat, torch.randn(4, 4))
+    assert not fired(report, "cat-of-split-pieces")
+
+
+def test_cat_of_split_pieces_needs_every_piece():
+    def before(x):
+        a, b, c = torch.split(x, [1, 2, 1], dim=1)
+        return torch.cat([a, b], dim=1), c
+
+    _, report = optimize_with(before, split_cat, torch.randn(4, 4))
+    assert not fired(report, "cat-of-split-pieces")
+
+
+def test_cat_of_split_pieces_keeps_piece_with_other_user():
+    def before(x):
+        a, b = torch.split(x, [2, 2], dim=1)
+        return torch.cat([a, b], dim=1) + 1, torch.tanh(a)
+
+    after, report = optimize_with(before, split_cat, torch.randn(4, 4))
+    assert fired(report, "cat-of-split-pieces")
+    assert calls(after, torch.cat) == 0
+
+
+def test_split_one_piece():
+    def before(x):
+        (a,) = torch.split(x, [4], dim=1)
+        return torch.tanh(a)
+
+    after, report = optimize_with(before, split_cat, torch.randn(3, 4))
+    assert fired(report, "split-one-piece")
+    assert calls(after, torch.split) == 0
+
+
+def test_split_one_piece_needs_one_piece():
+    def before(x):
+        a, b = torch.split(x, [2, 2], dim=1)
+        return torch.tanh(a) + b
+
+    after, report = optimize_with(before, split_cat, torch.randn(3, 4))
+    assert not fired(report, "split-one-piece")
