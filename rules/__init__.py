@@ -14,3 +14,31 @@ RULESETS = {**VERTICAL, **HORIZONTAL}
 SCHEDULE_ORDER = tuple(RULESETS)
 
 __all__ = ["HORIZONTAL", "RULESETS", "SCHEDULE_ORDER", "VERTICAL"]
+
+
+def rule_names(family: str) -> list[str]:
+    """Names of the rules in one family, in definition order."""
+    rs = RULESETS[family]
+    decls = rs.__egg_decls__  # runs the family's registered generators
+    return [r.name for r in decls._rulesets[rs.ident].rules]
+
+
+def rules_table() -> str:
+    """The Markdown table in rules/README.md: every rule, what it mirrors, and its test."""
+    import pathlib
+    import re
+
+    here = pathlib.Path(__file__).parent
+    rows = ["| family | rule | mirrors | test |", "| --- | --- | --- | --- |"]
+    for family in SCHEDULE_ORDER:
+        src = (here / f"{family}.py").read_text()
+        mirrors = {}
+        for m in re.finditer(r"# mirrors: (.+)", src):
+            name = re.compile(r'(?:rw\(|rw_both\(|name=)"([a-z0-9-]+)"').search(src, m.end())
+            if name:
+                mirrors.setdefault(name.group(1), m.group(1).strip())
+                mirrors.setdefault(name.group(1) + "/rev", m.group(1).strip())
+        for name in rule_names(family):
+            test = f"tests/rules/test_{family}.py::test_{name.replace('-', '_').replace('/', '_')}"
+            rows.append(f"| {family} | `{name}` | {mirrors.get(name, '?')} | `{test}` |")
+    return "\n".join(rows) + "\n"

@@ -21,7 +21,7 @@ def _(op: i64, xs: Vec[Tensor], args: Vec[Tensor], i: i64, d: i64, y: Tensor, si
         set_(shape(batched)).to(Vec[i64](xs.length()).append(s)),
     )
 
-    # mirrors: beyond Optimus (keeps a batched chain stacked instead of re-batching each op)
+    # mirrors: beyond Optimus (a batched chain stays stacked instead of unbind -> op -> stack)
     yield rule(eq(Tensor.call(op, args)).to(Tensor.call(op, args)), pointwise(op),  # guard: elementwise op
                eq(args.length()).to(i64(1)),                                         # guard: one tensor operand
                eq(args[0]).to(p[i]), eq(p).to(unbind(y, d)),                         # guard: on an unbind piece
@@ -30,6 +30,8 @@ def _(op: i64, xs: Vec[Tensor], args: Vec[Tensor], i: i64, d: i64, y: Tensor, si
         union(Tensor.call(op, args)).with_(unbind(Tensor.call(op, Vec(y)), d)[i]),
         set_(shape(Tensor.call(op, Vec(y)))).to(s),
     )
+
+    # mirrors: batch_* pointwise fusion on split outputs (one op on the whole, then split)
     yield rule(eq(Tensor.call(op, args)).to(Tensor.call(op, args)), pointwise(op),  # guard: elementwise op
                eq(args.length()).to(i64(1)),                                         # guard: one tensor operand
                eq(args[0]).to(p[i]), eq(p).to(split(y, sizes, d)),                   # guard: on a split piece

@@ -1,0 +1,151 @@
+"""optimize(): round trip with no rules, the report, bad input, budget 0 and fallbacks."""
+import math
+import warnings
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+import optimus_egg
+from optimus_egg import ops
+from optimus_egg.models import build
+from optimus_egg.rules import SCHEDULE_ORDER
+from optimus_egg.testing import calls
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    model, inputs = build("parallel_mlp")
+    model.eval()
+    return fx.symbolic_trace(model), list(inputs)
+
+
+@pytest.fixture(scope="module")
+def optimized(mlp):
+    gm, inputs = mlp
+    return optimus_egg.optimize(gm, inputs, budget_s=5.0, strict=True)
+
+
+def test_roundtrip_without_rules_is_equivalent(mlp):
+    gm, inputs = mlp
+    out = optimus_egg.optimize(gm, inputs, budget_s=5.0, strict=True, disable=list(SCHEDULE_ORDER))
+    out.graph.lint()
+    torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
+    assert out.meta["optimus_egg"].stop_reason == "saturated"
+
+
+def test_optimize_batches_the_parallel_mlp(mlp, optimized):
+    gm, inputs = mlp
+    torch.testing.assert_close(optimized(*inputs), gm(*inputs))
+    report = optimized.meta["optimus_egg"]
+    assert report.changed and report.cost_after < report.cost_before
+    assert calls(optimized, ops.batched_linear) == 1 and calls(optimized, nn.Linear) == 0
+    assert calls(optimized, ops.batched_layer_norm) == 1
+
+
+def test_report_fields_and_str(optimized):
+    report = optimized.meta["optimus_egg"]
+    assert report.matches["batch-linear"] >= 8
+    assert report.stop_reason in {"saturated", "budget", "node_limit", "iter_limit"}
+    assert report.iterations >= 1 and report.egraph_nodes > 0 and report.egraph_classes > 0
+    assert {"from_fx", "saturate", "extract", "to_fx", "total"} <= set(report.timings)
+    text = str(report)
+    assert "batch-linear" in text and "stopped by" in text
+
+
+def test_input_graph_is_not_modified(mlp):
+    gm, inputs = mlp
+    before = gm.code
+    optimus_egg.optimize(gm, inputs, budget_s=1.0)
+    assert gm.code == before
+
+
+def test_budget_zero_returns_equivalent_graph(mlp):
+    gm, inputs = mlp
+    out = optimus_egg.optimize(gm, inputs, budget_s=0)
+    assert out is not gm and out.meta["optimus_egg"].iterations == 0
+    assert not out.meta["optimus_egg"].changed
+    torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
+
+
+def test_not_a_graph_module_is_a_type_error():
+    with pytest.raises(TypeError, match="GraphModule.*Linear"):
+        optimus_egg.optimize(nn.Linear(2, 2), [torch.randn(1, 2)])
+
+
+def test_example_inputs_must_be_a_sequence(mlp):
+    gm, inputs = mlp
+    with pytest.raises(TypeError, match="example_inputs"):
+        optimus_egg.optimize(gm, inputs[0])
+
+
+@pytest.mark.parametrize("budget", [-1.0, math.nan, math.inf])
+def test_bad_budget_is_a_value_error(mlp, budget):
+    gm, inputs = mlp
+    with pytest.raises(ValueError, match="budget_s"):
+        optimus_egg.optimize(gm, inputs, budget_s=budget)
+
+
+def test_budget_of_wrong_type_is_a_type_error(mlp):
+    gm, inputs = mlp
+    with pytest.raises(TypeError, match="budget_s"):
+        optimus_egg.optimize(gm, inputs, budget_s="1")
+
+
+def test_wrong_input_count_is_a_value_error(mlp):
+    gm, inputs = mlp
+    with pytest.raises(ValueError, match="placeholders"):
+        optimus_egg.optimize(gm, inputs + [torch.randn(1)])
+
+
+def test_wrong_input_shape_is_a_value_error(mlp):
+    gm, inputs = mlp
+    with pytest.raises(ValueError, match="do not fit"):
+        optimus_egg.optimize(gm, [torch.randn(3, 7)])
+
+
+def test_unknown_rule_family_is_a_value_error(mlp):
+    gm, inputs = mlp
+    with pytest.raises(ValueError, match="batch_linearz"):
+        optimus_egg.optimize(gm, inputs, disable=["batch_linearz"])
+
+
+def test_internal_failure_falls_back_with_warning(mlp, monkeypatch):
+    gm, inputs = mlp
+    import optimus_egg.pipeline as pipeline
+
+    def boom(*a, **k):
+        raise RuntimeError("egglog exploded")
+
+    monkeypatch.setattr(pipeline, "saturate", boom)
+    with pytest.warns(RuntimeWarning, match="egglog exploded"):
+        out = optimus_egg.optimize(gm, inputs)
+    assert out.meta["optimus_egg"].fallback and not out.meta["optimus_egg"].changed
+    torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="egglog exploded"):
+        optimus_egg.optimize(gm, inputs, strict=True)
+
+
+def test_verify_falls_back_when_values_differ(mlp, monkeypatch):
+    gm, inputs = mlp
+    import optimus_egg.pipeline as pipeline
+
+    real = pipeline.to_fx
+
+    def corrupt(*a, **k):
+        out = real(*a, **k)
+        for n in out.graph.nodes:
+            if n.op == "output":
+                with out.graph.inserting_before(n):
+                    bad = out.graph.call_function(torch.add, (n.args[0], 1.0))
+                n.args = (bad,)
+        out.recompile()
+        return out
+
+    monkeypatch.setattr(pipeline, "to_fx", corrupt)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = optimus_egg.optimize(gm, inputs, verify=True)
+    assert any("differ" in str(x.message) for x in w)
+    torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
