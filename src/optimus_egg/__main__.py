@@ -1,0 +1,5 @@
+import sys
+
+from optimus_egg.cli import main
+
+sys.exit(main())
