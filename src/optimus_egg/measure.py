@@ -1,0 +1,411 @@
+"""Compile with Inductor, count kernel launches honestly, and time things.
+
+This module owns the measuring stick every comparison uses: ``compile_inductor`` (Inductor
+with all caches off, so every arm pays for and runs its own passes), ``count_launches``
+(kernel launches read from the generated wrapper code, because
+``torch._inductor.metrics.generated_kernel_count`` is inflated on CPU), wall-clock helpers
+(``median_ms``, ``interleaved_medians``), ``peak_rss_mb`` and ``values_match``.
+
+A launch is a call site, inside the wrapper's runtime functions, of
+
+* ``extern_kernels.*`` (mm, addmm, bmm, baddbmm, convolution ...)         -> ``extern``
+* a C++ kernel the wrapper compiled (``cpp_fused_* = async_compile.cpp_pybinding(...)``)
+                                                                           -> ``cpp``
+* a Triton kernel (``triton_poi_fused_0 = async_compile.triton(...)``, called with
+  ``.run(``; other GPU code generators are counted here too)               -> ``triton``
+* an ATen / custom op the wrapper calls directly (``aten.*``, ``torch.ops.*``) or an
+  eager in-place fill/copy on a buffer (``buf.copy_(...)``)                 -> ``fallback``
+
+Views (``reinterpret_tensor``, ``as_strided``, ``aten.view``), allocations, asserts,
+``del`` and ``resize_`` are not launches. The runtime functions are ``call`` and every other
+function in the wrapper (graph partitions, control-flow subgraphs) except the benchmark
+helpers ``get_args`` and ``benchmark_compiled_module``. Counts are static: a call site in a
+loop counts once.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import resource
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+
+__all__ = [
+    "Launches",
+    "count_launches",
+    "Compiled",
+    "compile_inductor",
+    "copy_graph_module",
+    "kernel_launches",
+    "median_ms",
+    "interleaved_medians",
+    "peak_rss_mb",
+    "values_match",
+]
+
+
+@dataclass(frozen=True)
+class Launches:
+    """Kernel launches per call of a compiled graph, by kind."""
+
+    extern: int = 0
+    cpp: int = 0
+    triton: int = 0
+    fallback: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.extern + self.cpp + self.triton + self.fallback
+
+    def __add__(self, other: "Launches") -> "Launches":
+        return Launches(
+            self.extern + other.extern,
+            self.cpp + other.cpp,
+            self.triton + other.triton,
+            self.fallback + other.fallback,
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"{self.total} launches (extern {self.extern}, cpp {self.cpp}, "
+            f"triton {self.triton}, fallback {self.fallback})"
+        )
+
+
+_HELPER_FUNCTIONS = frozenset({"get_args", "benchmark_compiled_module"})
+
+# ATen ops that only make views or allocate; the wrapper may call these without launching.
+_NON_LAUNCH_OPS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "as_strided",
+        "_reinterpret_tensor",
+        "alias",
+        "expand",
+        "permute",
+        "t",
+        "transpose",
+        "squeeze",
+        "unsqueeze",
+        "select",
+        "slice",
+        "narrow",
+        "detach",
+        "unbind",
+        "split",
+        "split_with_sizes",
+        "empty",
+        "empty_strided",
+        "resize_",
+        "set_",
+        "_alloc_from_pool",
+    }
+)
+
+# Eager in-place methods the wrapper calls on buffers; each is one kernel.
+_BUFFER_METHOD_LAUNCHES = frozenset({"copy_", "zero_", "fill_"})
+
+
+def _dotted(expr: ast.expr) -> str | None:
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, ast.Name):
+        return None
+    parts.append(expr.id)
+    return ".".join(reversed(parts))
+
+
+def _kernel_kinds(tree: ast.Module) -> dict[str, str]:
+    """Module-level ``name = async_compile.<how>(...)`` definitions -> "cpp" / "triton"."""
+    kinds: dict[str, str] = {}
+    for stmt in tree.body:
+        if not (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call)):
+            continue
+        callee = _dotted(stmt.value.func) or ""
+        if not callee.startswith("async_compile."):
+            continue
+        how = callee.split(".", 1)[1]
+        kind = "cpp" if how.startswith("cpp") else "triton"
+        for target in stmt.targets:
+            if isinstance(target, ast.Name):
+                kinds[target.id] = kind
+    return kinds
+
+
+def _op_name(dotted: str) -> str | None:
+    """``aten.mm.default`` / ``torch.ops.aten.mm`` -> ``mm``; None if not an op call."""
+    parts = dotted.split(".")
+    if parts[0] == "aten" and len(parts) >= 2:
+        return parts[1]
+    if parts[:2] == ["torch", "ops"] and len(parts) >= 4:
+        return parts[3]
+    return None
+
+
+def _classify(call: ast.Call, kernels: Mapping[str, str]) -> str | None:
+    func = call.func
+    if isinstance(func, ast.Name):
+        return kernels.get(func.id)
+    if not isinstance(func, ast.Attribute):
+        return None
+    if isinstance(func.value, ast.Name) and func.value.id in kernels:
+        return kernels[func.value.id] if func.attr == "run" else None
+    dotted = _dotted(func)
+    if dotted is None:
+        return None
+    if dotted.startswith("extern_kernels."):
+        return "extern"
+    op = _op_name(dotted)
+    if op is not None:
+        return None if op in _NON_LAUNCH_OPS else "fallback"
+    if func.attr in _BUFFER_METHOD_LAUNCHES and isinstance(func.value, ast.Name):
+        return "fallback"
+    return None
+
+
+def count_launches(code: str) -> Launches:
+    """Count kernel launches in one Inductor-generated Python wrapper module.
+
+    Raises ValueError for code that is not Python (e.g. ``cpp_wrapper=True`` output).
+    """
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        raise ValueError(f"not a Python wrapper module: {e}") from e
+    kernels = _kernel_kinds(tree)
+    counts = {"extern": 0, "cpp": 0, "triton": 0, "fallback": 0}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef) or fn.name in _HELPER_FUNCTIONS:
+            continue
+        # Nested functions are visited on their own, so walk only this function's body.
+        for node in _walk_body(fn):
+            if isinstance(node, ast.Call):
+                kind = _classify(node, kernels)
+                if kind is not None:
+                    counts[kind] += 1
+    return Launches(**counts)
+
+
+def _walk_body(fn: ast.FunctionDef) -> Iterable[ast.AST]:
+    stack: list[ast.AST] = list(fn.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+@dataclass
+class Compiled:
+    """An Inductor-compiled graph: call ``fn(*example_inputs)``."""
+
+    fn: Callable[..., Any]
+    code: str
+    compile_s: float
+    launches: Launches
+    codes: list[str] = field(default_factory=list)
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self.fn(*inputs)
+
+
+def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule over a deep copy of ``gm``'s graph (node meta copied shallowly) and
+    ``gm.meta``; weights and submodules are shared, not copied."""
+    with warnings.catch_warnings():
+        # Deep-copying a Dynamo-export graph's pytree codegen trips a torch-internal
+        # deprecation warning (LeafSpec) that says nothing about our code.
+        warnings.simplefilter("ignore", FutureWarning)
+        graph = copy.deepcopy(gm.graph)
+    out = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    out.meta.update(gm.meta)
+    return out
+
+
+def _backward_seed(out: Any) -> torch.Tensor | None:
+    leaves = [t for t in _tensors(out) if t.requires_grad and t.is_floating_point()]
+    if not leaves:
+        return None
+    return sum(t.sum() for t in leaves)
+
+
+def _tensors(x: Any) -> Iterable[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _tensors(y)
+
+
+def compile_inductor(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    training: bool = False,
+    config_patches: Mapping[str, Any] | None = None,
+) -> Compiled:
+    """Compile ``gm`` with Inductor (caches off), run it once, and count its launches.
+
+    ``example_inputs`` are exactly what ``gm`` takes, lifted parameters included for
+    Dynamo backend graphs. Inference (default) compiles and runs under ``torch.no_grad``;
+    with ``training`` the forward runs with grad and one backward (of the sum of the
+    outputs) runs too, so the lazily compiled backward is captured and counted as well;
+    its ``compile_s`` includes that first backward call, and it leaves ``.grad`` on the
+    parameters. Inductor options: ``gm.meta["inductor_config_patches"]`` (set by
+    ``baselines.inductor_with_optimus``), then ``config_patches``. ``gm`` is not changed.
+    """
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
+
+    patches: dict[str, Any] = {"force_disable_caches": True, "fx_graph_cache": False}
+    patches.update(gm.meta.get("inductor_config_patches", {}))
+    patches.update(config_patches or {})
+    inputs = list(example_inputs)
+    # compile_fx runs pre-grad passes in place; compile a copy so callers keep their graph.
+    model = copy_graph_module(gm)
+    timing: dict[str, float] = {}
+
+    def build_and_run() -> Callable[..., Any]:
+        with config.patch(patches), torch.set_grad_enabled(training):
+            start = time.perf_counter()
+            compiled = compile_fx(model, inputs)
+            timing["compile_s"] = time.perf_counter() - start
+            out = compiled(*inputs)
+            if training and (seed := _backward_seed(out)) is not None:
+                start = time.perf_counter()
+                seed.backward()
+                timing["compile_s"] += time.perf_counter() - start
+        return compiled
+
+    compiled, codes = run_and_get_code(build_and_run)
+    if not codes:
+        raise RuntimeError("Inductor produced no wrapper code (was a cache hit?)")
+    launches = sum((count_launches(c) for c in codes), Launches())
+
+    if training:
+        fn = compiled
+    else:
+
+        def fn(*args: Any) -> Any:
+            with torch.no_grad():
+                return compiled(*args)
+
+    return Compiled(
+        fn=fn,
+        code="\n\n".join(codes),
+        compile_s=timing["compile_s"],
+        launches=launches,
+        codes=list(codes),
+    )
+
+
+def kernel_launches(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    training: bool = False,
+    config_patches: Mapping[str, Any] | None = None,
+) -> Launches:
+    """Launches of ``gm`` compiled by Inductor (``compile_inductor(...).launches``)."""
+    return compile_inductor(
+        gm, example_inputs, training=training, config_patches=config_patches
+    ).launches
+
+
+def _sync(inputs: Sequence[Any]) -> Callable[[], None]:
+    if torch.cuda.is_available() and any(
+        isinstance(t, torch.Tensor) and t.is_cuda for t in _tensors(list(inputs))
+    ):
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def _time_once(fn: Callable[..., Any], inputs: Sequence[Any], sync: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn(*inputs)
+    sync()
+    return (time.perf_counter() - start) * 1e3
+
+
+def median_ms(
+    fn: Callable[..., Any], inputs: Sequence[Any], reps: int = 50, warmup: int = 5
+) -> float:
+    """Median wall-clock milliseconds of ``fn(*inputs)`` over ``reps`` calls."""
+    if reps < 1:
+        raise ValueError("reps must be >= 1")
+    sync = _sync(inputs)
+    for _ in range(warmup):
+        fn(*inputs)
+    sync()
+    return statistics.median(_time_once(fn, inputs, sync) for _ in range(reps))
+
+
+def interleaved_medians(
+    fns: Mapping[str, Callable[..., Any]],
+    inputs: Sequence[Any],
+    rounds: int = 50,
+    warmup: int = 3,
+) -> dict[str, float]:
+    """Median milliseconds per arm, timing one call of every arm per round.
+
+    Arms run round-robin, and the starting arm rotates each round, so drift in machine
+    load (frequency scaling, other processes) lands on all arms alike.
+    """
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    names = list(fns)
+    sync = _sync(inputs)
+    for name in names:
+        for _ in range(warmup):
+            fns[name](*inputs)
+    sync()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            samples[name].append(_time_once(fns[name], inputs, sync))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def values_match(a: Any, b: Any, rtol: float | None = None, atol: float | None = None) -> bool:
+    """Whether two (nested) outputs are equal under ``torch.testing.assert_close``.
+
+    Tuples and lists compare alike (compiled graphs may return a list where eager returns
+    a tuple); dicts compare by key. Give both tolerances or neither (dtype defaults).
+    """
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(values_match(x, y, rtol, atol) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(values_match(a[k], b[k], rtol, atol) for k in a)
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+        return False
+    try:
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    except (AssertionError, TypeError, ValueError):
+        return False
+    return True

@@ -1,0 +1,281 @@
+"""measure: launch counting on real and hand-written Inductor wrappers, compiling, timing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.fx
+import torch.nn as nn
+
+from optimus_egg.measure import (
+    Compiled,
+    Launches,
+    compile_inductor,
+    count_launches,
+    interleaved_medians,
+    kernel_launches,
+    median_ms,
+    peak_rss_mb,
+    values_match,
+)
+
+# One compile worker: on a 2-core machine the subprocess pool costs more than it saves.
+FAST = {"compile_threads": 1}
+
+
+class TwoLinears(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.a = nn.Linear(d, d)
+        self.b = nn.Linear(d, d)
+
+    def forward(self, x, y):
+        return torch.tanh(self.a(x)), torch.tanh(self.b(y))
+
+
+@pytest.fixture(scope="module")
+def two_linears():
+    torch.manual_seed(0)
+    model = TwoLinears().eval()
+    inputs = [torch.randn(4, 16), torch.randn(4, 16)]
+    gm = torch.fx.symbolic_trace(model)
+    before = gm.code
+    compiled = compile_inductor(gm, inputs, config_patches=FAST)
+    return model, gm, inputs, compiled, before
+
+
+def test_two_independent_linears_launch_two_gemms(two_linears):
+    _, _, _, compiled, _ = two_linears
+    # Measured on torch 2.13 CPU: 2 addmm + one C++ tanh kernel per branch.
+    assert compiled.launches.extern == 2
+    assert compiled.launches.cpp in (1, 2)
+    assert compiled.launches.triton == 0
+    assert compiled.launches.fallback == 0
+    assert compiled.launches.total == 2 + compiled.launches.cpp
+
+
+def test_definitions_and_views_are_not_counted(two_linears):
+    _, _, _, compiled, _ = two_linears
+    code = compiled.code
+    assert "reinterpret_tensor(" in code
+    definitions = re.findall(r"^(cpp_fused_\w+) = async_compile\.cpp", code, re.M)
+    calls = re.findall(r"^\s+(cpp_fused_\w+)\(", code, re.M)
+    assert definitions and set(calls) <= set(definitions)
+    # Measured: Inductor reuses one tanh kernel for both branches (1 definition, 2 calls).
+    assert len(calls) == compiled.launches.cpp
+    assert code.count("extern_kernels.addmm(") == compiled.launches.extern
+
+
+def test_compiled_values_match_eager_and_gm_untouched(two_linears):
+    model, gm, inputs, compiled, before = two_linears
+    assert isinstance(compiled, Compiled)
+    assert compiled.compile_s > 0
+    assert values_match(compiled.fn(*inputs), model(*inputs))
+    assert values_match(compiled(*inputs), model(*inputs))
+    assert gm.code == before
+    assert compiled.launches == sum(map(count_launches, compiled.codes), Launches())
+
+
+def test_lifted_parameter_graph_compiles():
+    """Dynamo hands backends graphs whose weights are placeholders."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    x = torch.randn(3, 8)
+    captured = {}
+
+    def backend(gm, example_inputs):
+        captured["gm"], captured["inputs"] = gm, list(example_inputs)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, fullgraph=True)(x)
+    gm, inputs = captured["gm"], captured["inputs"]
+    assert sum(isinstance(t, nn.Parameter) for t in inputs) == 2  # weight and bias
+
+    compiled = compile_inductor(gm, inputs, config_patches=FAST)
+    assert compiled.launches.extern == 1
+    assert values_match(compiled.fn(*inputs), (model(x),))
+    # A second compile (caches off) gives the same counts.
+    assert kernel_launches(gm, inputs, config_patches=FAST) == compiled.launches
+
+
+def test_training_counts_forward_and_backward():
+    torch.manual_seed(2)
+    model = TwoLinears().train()
+    inputs = [torch.randn(4, 16), torch.randn(4, 16)]
+    gm = torch.fx.symbolic_trace(model)
+    compiled = compile_inductor(gm, inputs, training=True, config_patches=FAST)
+    assert len(compiled.codes) == 2  # forward and backward wrappers
+    forward, backward = (count_launches(c) for c in compiled.codes)
+    # Forward: 2 addmm. Backward: one weight-gradient mm per linear (inputs need no grad).
+    assert forward.extern == 2
+    assert backward.extern == 2
+    assert compiled.launches == forward + backward
+
+
+# Modeled on torch 2.13's Python wrapper for CUDA: kernels defined at module level with
+# async_compile.triton, launched with .run(...) inside Runner.call and a graph partition.
+TRITON_WRAPPER = '''
+import torch
+from torch._inductor.select_algorithm import extern_kernels
+aten = torch.ops.aten
+reinterpret_tensor = torch._C._dynamo.guards._reinterpret_tensor
+empty_strided_cuda = torch._C._dynamo.guards._empty_strided_cuda
+async_compile = AsyncCompile()
+
+
+triton_poi_fused_tanh_0 = async_compile.triton('triton_poi_fused_tanh_0', """
+import triton
+import triton.language as tl
+
+@triton.jit
+def triton_poi_fused_tanh_0(in_out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xoffset = tl.program_id(0) * XBLOCK
+    # a string is not a launch: extern_kernels.mm(a, b) aten.sort.default(x)
+""", device_str='cuda')
+
+
+triton_per_fused_native_layer_norm_1 = async_compile.triton('triton_per_fused_native_layer_norm_1', """
+@triton.jit
+def triton_per_fused_native_layer_norm_1(in_ptr0, out_ptr0, xnumel, r0_numel):
+    pass
+""", device_str='cuda')
+
+
+async_compile.wait(globals())
+del async_compile
+
+
+def partition_0(args):
+    buf3, = args
+    args.clear()
+    with torch.cuda._DeviceGuard(0):
+        stream0 = get_raw_stream(0)
+        triton_per_fused_native_layer_norm_1.run(buf3, buf3, 4, 16, stream=stream0)
+    return (buf3, )
+
+
+class Runner:
+    def __init__(self, partitions):
+        self.partitions = partitions
+
+    def recursively_apply_fns(self, fns):
+        new_callables = []
+        for fn, c in zip(fns, self.partitions):
+            new_callables.append(fn(c))
+        self.partitions = new_callables
+
+    def call(self, args):
+        arg0_1, arg1_1, arg2_1 = args
+        args.clear()
+        assert_size_stride(arg0_1, (16, 16), (16, 1), 'input')
+        with torch.cuda._DeviceGuard(0):
+            torch.cuda.set_device(0)
+            buf0 = empty_strided_cuda((4, 16), (16, 1), torch.float32)
+            # Topologically Sorted Source Nodes: [linear], Original ATen: [aten.addmm]
+            extern_kernels.addmm(arg1_1, arg2_1, reinterpret_tensor(arg0_1, (16, 16), (1, 16), 0), alpha=1, beta=1, out=buf0)
+            del arg0_1
+            buf1 = buf0; del buf0  # reuse
+            stream0 = get_raw_stream(0)
+            triton_poi_fused_tanh_0.run(buf1, 64, stream=stream0)
+            buf2 = aten.view.dtype(buf1, torch.int32)
+            buf4 = torch.ops.aten.sort.default(buf1)
+            buf5 = buf4[0]
+            triton_poi_fused_tanh_0.run(buf5, 64, stream=stream0)
+        partition0_args = [buf5]
+        (buf6,) = self.partitions[0](partition0_args)
+        return (buf6, )
+
+runner = Runner(partitions=[partition_0,])
+call = runner.call
+
+
+def get_args():
+    from torch._dynamo.testing import rand_strided
+    arg0_1 = rand_strided((16, 16), (16, 1), device='cuda:0', dtype=torch.float32)
+    return [arg0_1]
+
+
+def benchmark_compiled_module(args, times=10, repeat=10):
+    from torch._inductor.utils import print_performance
+    fn = lambda: call(list(args))
+    triton_poi_fused_tanh_0.run(args[0], 64)
+    return print_performance(fn, times=times, repeat=repeat, device='cuda')
+
+
+if __name__ == "__main__":
+    triton_poi_fused_tanh_0.run(None, 64)
+'''
+
+
+def test_count_launches_triton_wrapper():
+    launches = count_launches(TRITON_WRAPPER)
+    # addmm; tanh twice + layer_norm in the partition; sort (the view is free).
+    assert launches == Launches(extern=1, cpp=0, triton=3, fallback=1)
+    assert launches.total == 5
+
+
+def test_count_launches_cpu_fallbacks_and_buffer_ops():
+    code = """
+cpp_fused_add_0 = async_compile.cpp_pybinding(['float*'], r'''kernel''')
+def call(args):
+    buf0 = empty_strided_cpu((4,), (1,), torch.float32)
+    cpp_fused_add_0(buf0)
+    buf1 = torch.ops.aten.as_strided.default(buf0, (2,), (1,))
+    buf2 = aten.randint.low_out(-1, 2, [1], out=buf0)
+    buf0.copy_(buf2)
+    buf0.resize_(8)
+    buf3 = torch.ops.mkldnn._linear_pointwise.default(buf0, buf1, None, 'none', [], '')
+    return (buf0, )
+"""
+    assert count_launches(code) == Launches(extern=0, cpp=1, triton=0, fallback=3)
+
+
+def test_count_launches_rejects_cpp_wrapper():
+    with pytest.raises(ValueError):
+        count_launches('extern "C" void call(AtenTensorHandle* inputs) { kernel(buf0); }')
+
+
+def test_launches_str_and_sum():
+    a = Launches(extern=2, cpp=1)
+    b = Launches(triton=3, fallback=1)
+    assert (a + b).total == 7
+    assert str(a + b) == "7 launches (extern 2, cpp 1, triton 3, fallback 1)"
+
+
+def test_interleaved_medians_and_median_ms(two_linears):
+    _, gm, inputs, compiled, _ = two_linears
+    arms = {"eager": gm, "inductor": compiled.fn}
+    medians = interleaved_medians(arms, inputs, rounds=15, warmup=1)
+    assert set(medians) == {"eager", "inductor"}
+    assert all(m > 0 for m in medians.values())
+    assert median_ms(compiled.fn, inputs, reps=10, warmup=1) > 0
+    with pytest.raises(ValueError):
+        interleaved_medians(arms, inputs, rounds=0)
+
+
+def test_interleaving_rotates_arm_order():
+    calls: list[str] = []
+    fns = {name: (lambda *a, n=name: calls.append(n)) for name in "abc"}
+    interleaved_medians(fns, [], rounds=3, warmup=0)
+    assert calls == list("abc" "bca" "cab")
+
+
+def test_values_match():
+    t = torch.arange(6.0).reshape(2, 3)
+    assert values_match((t, [t, 1]), [t.clone(), (t.clone(), 1)])
+    assert not values_match((t,), (t, t))
+    assert not values_match(t, t + 1e-2)
+    assert values_match(t, t + 1e-2, rtol=0.0, atol=0.1)
+    assert not values_match(t, t.to(torch.float64))
+    assert not values_match(t, None)
+    assert values_match({"a": t, "b": None}, {"a": t.clone(), "b": None})
+
+
+def test_peak_rss_mb():
+    rss = peak_rss_mb()
+    assert 50 < rss < 1024 * 1024  # torch alone needs more than 50 MiB
+    _big = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+    assert peak_rss_mb() >= rss
