@@ -1,0 +1,87 @@
+"""Exact extraction by integer programming (HiGHS): the measuring stick for greedy.
+
+Minimizes the DAG cost (each chosen node paid once). x_n in {0,1} picks node n; the root
+class picks one node; a picked node needs one picked node in each child class; acyclicity
+by an order t_c per class: t_parent >= t_child + 1 when the parent's node is picked (big-M).
+Time-limited: on timeout the best feasible solution is returned and `optimal` is False.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from optimus_egg.extract.graph import Graph, Node
+from optimus_egg.extract.greedy import EPS, Extraction, reachable, term_children
+
+
+@dataclass
+class IlpResult:
+    extraction: Extraction | None
+    optimal: bool
+    seconds: float
+
+
+def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0) -> IlpResult:
+    import time
+
+    import highspy
+
+    start = time.perf_counter()
+    node_ids = list(g.nodes)
+    col = {k: i for i, k in enumerate(node_ids)}
+    classes = list(g.classes)
+    tcol = {c: len(node_ids) + i for i, c in enumerate(classes)}
+    kids = {k: term_children(g, g.nodes[k]) for k in node_ids}
+    own = {k: node_cost(g.nodes[k]) + EPS for k in node_ids}
+    big_m = float(len(classes) + 1)
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    n_x, n_t = len(node_ids), len(classes)
+    costs = np.array([own[k] for k in node_ids] + [0.0] * n_t)
+    lower = np.zeros(n_x + n_t)
+    upper = np.array([1.0] * n_x + [big_m] * n_t)
+    h.addVars(n_x + n_t, lower, upper)
+    h.changeColsCost(n_x + n_t, np.arange(n_x + n_t, dtype=np.int32), costs)
+    h.changeColsIntegrality(n_x, np.arange(n_x, dtype=np.int32), np.full(n_x, 1, dtype=np.uint8))
+
+    rows_lo, rows_hi, starts, index, value = [], [], [], [], []
+
+    def row(lo, hi, entries):
+        starts.append(len(index))
+        rows_lo.append(lo)
+        rows_hi.append(hi)
+        for i, v in entries:
+            index.append(i)
+            value.append(v)
+
+    row(1.0, 1.0, [(col[k], 1.0) for k in g.classes[g.root]])
+    for k in node_ids:
+        c = g.nodes[k].eclass
+        for child in set(kids[k]):
+            # picking k needs some node of `child`: sum(x_m) - x_k >= 0
+            row(0.0, highspy.kHighsInf, [(col[m], 1.0) for m in g.classes[child]] + [(col[k], -1.0)])
+            # order: t_c - t_child - M x_k >= 1 - M
+            if child == c:
+                row(-highspy.kHighsInf, 0.0, [(col[k], 1.0)])  # a node cannot be its own child
+            else:
+                row(1.0 - big_m, highspy.kHighsInf, [(tcol[c], 1.0), (tcol[child], -1.0), (col[k], -big_m)])
+    h.addRows(len(rows_lo), np.array(rows_lo), np.array(rows_hi), len(index),
+              np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value))
+    h.run()
+    status = h.getModelStatus()
+    optimal = status == highspy.HighsModelStatus.kOptimal
+    sol = h.getSolution().col_value
+    if not sol or h.getInfo().primal_solution_status != 2:  # 2: feasible
+        return IlpResult(None, False, time.perf_counter() - start)
+    choice = {}
+    for c, ks in g.classes.items():
+        picked = [k for k in ks if sol[col[k]] > 0.5]
+        if picked:
+            choice[c] = min(picked, key=lambda k: own[k])
+    choice = reachable(g, kids, choice)
+    return IlpResult(Extraction(choice, sum(own[k] for k in choice.values())), optimal,
+                     time.perf_counter() - start)
