@@ -9,11 +9,15 @@ Independence of a group is guaranteed here: members share a longest-path depth f
 graph inputs, and a path between two nodes would make their depths differ.
 
 Mutation safety: every node that touches a mutated tensor or any of its views (the alias
-set) becomes an opaque, un-deduplicated call that also depends on the previous such node, so
-no rule matches it and to_fx keeps their order.
+set), and every call kept for its side effect (asserts, guards, RNG draws), becomes an opaque,
+un-deduplicated call that also depends on the previous such node, so no rule matches it and
+to_fx keeps their order. Graphs that switch global state (grad mode, autocast) between nodes
+are Unsupported.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import operator
 from collections import defaultdict
@@ -76,10 +80,11 @@ _UNARY = {  # canonical elementwise ops taking one tensor
     "neg": torch.neg, "gelu": F.gelu, "silu": F.silu, "clamp": torch.clamp,
     "nan_to_num": torch.nan_to_num, "detach": torch.detach, "abs": torch.abs,
     "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "log": torch.log, "square": torch.square,
+    "clamp_min": torch.clamp_min, "clamp_max": torch.clamp_max,
 }
 _FN_ALIASES = {
     F.relu: "relu", F.sigmoid: "sigmoid", F.tanh: "tanh", F.gelu: "gelu", F.silu: "silu",
-    torch.clip: "clamp", torch.clamp_min: "clamp", torch.clamp_max: "clamp",
+    torch.clip: "clamp",
     torch.Tensor.relu: "relu",
     aten.tanh.default: "tanh", aten.sigmoid.default: "sigmoid", aten.relu.default: "relu",
     aten.exp.default: "exp", aten.neg.default: "neg", aten.gelu.default: "gelu",
@@ -108,6 +113,14 @@ _VIEW_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpos
                  "movedim", "squeeze", "unsqueeze", "expand", "narrow", "select", "split",
                  "chunk", "unbind", "as_strided", "view_as", "reshape_as", "contiguous",
                  "__getitem__", "detach", "T", "split_with_sizes", "diagonal", "unfold"}
+# Not view ops, but their result may be their input itself (a conversion with nothing to
+# convert), so a write through it is a write to the input.
+_MAY_ALIAS = {"to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool",
+              "cpu", "cuda", "expand_as", "swapaxes", "swapdims", "view_as_real", "view_as_complex"}
+_VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}  # x.T traces as getattr(x, "T")
+# Calls that set global state for the nodes after them (Dynamo's `with torch.no_grad()`):
+# the e-graph keeps no order that could hold the nodes inside such a region.
+_GLOBAL_STATE = {"_set_grad_enabled", "_enter_autocast", "_exit_autocast"}
 # Known side-effect-free calls: a template for one of these may be shared (CSE).
 _PURE_NAMES = {
     "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "layer_norm", "add", "sub", "mul",
@@ -133,7 +146,23 @@ def _name(target) -> str:
     return getattr(target, "__name__", str(target))
 
 
+_signature = functools.lru_cache(maxsize=None)(inspect.signature)
+
+
+def _bound_args(node: fx.Node) -> dict:
+    """A call to a Python function (F.relu, F.dropout) with every argument named; {} otherwise."""
+    if not inspect.isfunction(node.target):
+        return {}
+    try:
+        return dict(_signature(node.target).bind(*node.args, **node.kwargs).arguments)
+    except (TypeError, ValueError):
+        return {}
+
+
 def _is_mutation(node: fx.Node) -> bool:
+    if node.op == "call_module":  # nn.ReLU(inplace=True) writes into its input
+        gm = node.graph.owning_module
+        return gm is not None and getattr(gm.get_submodule(node.target), "inplace", False) is True
     if node.op not in ("call_function", "call_method"):
         return False
     if node.target is operator.setitem:
@@ -141,26 +170,31 @@ def _is_mutation(node: fx.Node) -> bool:
     if isinstance(node.target, torch._ops.OpOverload):
         return node.target._schema.is_mutable
     name = _name(node.target)
-    return (name.endswith("_") and not name.endswith("__")) or "out" in node.kwargs
+    return ((name.endswith("_") and not name.endswith("__")) or "out" in node.kwargs
+            or node.kwargs.get("inplace") is True or _bound_args(node).get("inplace") is True)
 
 
 def _is_view(node: fx.Node) -> bool:
     if node.op == "call_method":
-        return node.target in _VIEW_METHODS
+        return node.target in _VIEW_METHODS or node.target in _MAY_ALIAS
     if node.op == "call_function":
         if node.target is operator.getitem:
             return True
+        if node.target is getattr:
+            return node.args[1] in _VIEW_ATTRS
         if isinstance(node.target, torch._ops.OpOverload):
             return bool(node.target._schema.returns and node.target._schema.returns[0].alias_info)
-        return _name(node.target) in _VIEW_METHODS
+        return _name(node.target) in _VIEW_METHODS or _name(node.target) in _MAY_ALIAS
     return False
 
 
-def _alias_effects(graph: fx.Graph) -> list[fx.Node]:
-    """Nodes touching a mutated tensor or one of its views, in graph order."""
+def _ordered_effects(graph: fx.Graph) -> list[fx.Node]:
+    """Nodes whose order must be kept, in graph order: those touching a mutated tensor or one
+    of its views, and calls kept for what they do (asserts, export's guards, RNG draws)."""
+    impure = {n for n in graph.nodes if n.op in ("call_function", "call_module") and n.is_impure()}
     mutated = [n for n in graph.nodes if _is_mutation(n)]
     if not mutated:
-        return []
+        return [n for n in graph.nodes if n in impure]
     aliased: set[fx.Node] = set()
     todo = [a for n in mutated for a in n.all_input_nodes[:1]] + mutated
     while todo:
@@ -174,7 +208,7 @@ def _alias_effects(graph: fx.Graph) -> list[fx.Node]:
     touched = set(aliased)
     for n in aliased:
         touched.update(u for u in n.users if u.op != "output")
-    return [n for n in graph.nodes if n in touched and n.op not in ("placeholder", "get_attr")]
+    return [n for n in graph.nodes if (n in touched and n.op not in ("placeholder", "get_attr")) or n in impure]
 
 
 # ---- shapes --------------------------------------------------------------------------
@@ -286,7 +320,7 @@ class _Lowerer:
         self.pieces: dict[fx.Node, Any] = {}    # tuple-valued node -> Pieces
         self.facts: list = []
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}
-        self.effects = _alias_effects(gm.graph)
+        self.effects = _ordered_effects(gm.graph)
         self.effect_set = set(self.effects)
         self.pointwise_ops: set[int] = set()
         self.kind: dict[fx.Node, tuple] = {}   # node -> (family, key, payload) for grouping
@@ -329,6 +363,8 @@ class _Lowerer:
         shp = _static_shape(v)
         if shp is not None:
             self.shapes[n] = shp
+        if n.op == "call_function" and _name(n.target) in _GLOBAL_STATE:
+            raise Unsupported(f"{n.name} ({_name(n.target)}) changes global state for the nodes after it")
         if n.op in ("placeholder", "get_attr"):
             self.leaves[n.name] = n
             e = Tensor.input(n.name)
@@ -340,9 +376,13 @@ class _Lowerer:
                 e = self.opaque(n, [], shared=self.is_pure(n))
         if e is None:
             return
+        # Bind every value to a let: later expressions then refer to it by name instead of
+        # nesting it, so registering stays linear in graph size (egglog-python walks and
+        # hashes whole expression trees, recursively: quadratic, and deep chains overflow).
         if isinstance(e, tuple):  # ("pieces", P)
-            self.pieces[n] = e[1]
+            self.pieces[n] = self.egraph.let(f"p{idx}", e[1])
             return
+        e = self.egraph.let(f"v{idx}", e)
         self.expr[n] = e
         self.facts.append(set_(origin(e)).to(i64(idx)))
         if shp is not None:
@@ -360,7 +400,9 @@ class _Lowerer:
         args, kwargs, operands = self.abstract(n)
         values = [self.operand(a) for a in operands]
         tid = self.template(n.op, n.target, args, kwargs, shared and not deps, n_deps=len(deps))
-        if self.tuple_valued(n):
+        # An effect's tuple stays one opaque value: its getitems are effects too and must stay
+        # in the chain, which an item of Pieces would not.
+        if self.tuple_valued(n) and n not in self.effect_set:
             from optimus_egg.sorts import Pieces
             return ("pieces", Pieces.call(tid, Vec[Tensor](*values, *deps)))
         return Tensor.call(tid, Vec[Tensor](*values, *deps))
@@ -409,6 +451,8 @@ class _Lowerer:
             x, ns = self.arg(n, 0, "input"), self.arg(n, 1, "normalized_shape")
             w, b = self.arg(n, 2, "weight"), self.arg(n, 3, "bias")
             eps = self.arg(n, 4, "eps", 1e-5)
+            if not isinstance(ns, (list, tuple)):
+                return None  # a shape computed in the graph
             return self.make_layer_norm(n, x, list(ns), w, b, float(eps))
         if key in _CAT or key in _STACK:
             xs, d = self.arg(n, 0, "tensors"), self.arg(n, 1, "dim", 0)
@@ -441,7 +485,13 @@ class _Lowerer:
         if unary is None and n.op == "call_method" and t in _UNARY:
             unary = t
         if unary is not None:
-            return self.make_unary(n, _UNARY[unary], n.args[0], n.args[1:], dict(n.kwargs))
+            if inspect.isfunction(t):  # F.relu(x, False): the canonical torch.relu has no `inplace`
+                kwargs, rest = _bound_args(n), ()
+            else:
+                kwargs, rest = dict(n.kwargs), n.args[1:]
+                if n.args:
+                    kwargs["input"] = n.args[0]
+            return self.make_unary(n, _UNARY[unary], kwargs.pop("input", None), rest, kwargs)
         if key in _BINARY:
             return self.make_binary(n, _BINARY[key])
         return None
@@ -500,6 +550,8 @@ class _Lowerer:
         return e
 
     def make_unary(self, n, fn, x, rest, kwargs):
+        if kwargs.pop("inplace", False):
+            return None
         if not isinstance(x, fx.Node) or any(isinstance(a, fx.Node) for a in (*rest, *kwargs.values())):
             return None
         tid = self.template("call_function", fn, (Slot(0), *rest), kwargs, shared=True)
@@ -509,17 +561,20 @@ class _Lowerer:
         return Tensor.call(tid, Vec[Tensor](self.operand(x)))
 
     def make_binary(self, n, fn):
-        a, b = n.args[0], n.args[1] if len(n.args) > 1 else n.kwargs.get("other")
-        if n.kwargs and set(n.kwargs) - {"other"}:
+        if not n.args or set(n.kwargs) - {"other"}:
             return None
+        a, b = n.args[0], n.args[1] if len(n.args) > 1 else n.kwargs.get("other")
         tensor_args = [v for v in (a, b) if isinstance(v, fx.Node)]
         if len(tensor_args) == 1 and isinstance(a if b is tensor_args[0] else b, (int, float)):
             x = tensor_args[0]
             out = self.shapes.get(n)
             if out is None or out != self.shapes.get(x):
                 return None  # a 0-d or broadcasting operand is not elementwise in x
-            args = (Slot(0), b) if a is x else (a, Slot(0))
-            return self.make_templated_pointwise(n, fn, args, x)
+            if a is x:
+                return self.make_templated_pointwise(n, fn, (Slot(0), b), x)
+            # `2.5 / x` runs Tensor.__rtruediv__ (reciprocal, then multiply), which rounds
+            # differently from torch.div(2.5, x): keep the reflected operator itself.
+            return self.make_templated_pointwise(n, n.target, (a, Slot(0)), x)
         return None
 
     def make_templated_pointwise(self, n, fn, args, x):

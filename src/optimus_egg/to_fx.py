@@ -7,6 +7,7 @@ e-class came from, and filled by fake propagation for new nodes.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import operator
 from dataclasses import dataclass
@@ -150,6 +151,9 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None) -> fx
     outs = r.value(g.root)  # emits the effect chain kept alive in the root too
     output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
     r.graph.output(output_args)
+    # Same placeholders and output structure, so the input's calling convention still holds
+    # (torch.export modules flatten and unflatten pytrees around the graph).
+    r.graph._codegen = copy.copy(lowered.gm.graph._codegen)
     gm = fx.GraphModule(lowered.gm, r.graph, class_name=type(lowered.gm).__name__)
     gm.graph.lint()
     dynamo_meta = any("example_value" in n.meta for n in lowered.gm.graph.nodes)
