@@ -65,8 +65,8 @@ def serialize(egraph: EGraph) -> Graph:
     origins: dict[str, int] = {}
     root = ""
     for k, v in data.items():
-        if v["op"] == "origin":
-            origins[node_class[v["children"][0]]] = values[v["eclass"]]
+        if v["op"] == "node":
+            origins.setdefault(v["eclass"], values[node_class[v["children"][0]]])
         if k.startswith("primitive-") or v["op"] not in TERM_OPS:
             continue
         n = Node(v["op"], [node_class[c] for c in v["children"]], v["eclass"])

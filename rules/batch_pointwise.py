@@ -2,19 +2,22 @@
 an elementwise op on a piece is the piece of the op on the whole."""
 from egglog import Vec, eq, i64, rule, ruleset, set_, union
 
-from optimus_egg.sorts import Pieces, Tensor, pointwise, pointwise_slot, shape, split, stack, unbind
+from optimus_egg.sorts import (
+    Pieces, Tensor, group_vec, pointwise, pointwise_slot, shape, split, stack, unbind,
+)
 
 batch_pointwise = ruleset(name="batch_pointwise")
 
 
 @batch_pointwise.register
-def _(op: i64, xs: Vec[Tensor], args: Vec[Tensor], i: i64, d: i64, y: Tensor, sizes: Vec[i64],
+def _(op: i64, g: i64, xs: Vec[Tensor], args: Vec[Tensor], i: i64, d: i64, y: Tensor, sizes: Vec[i64],
       p: Pieces, s: Vec[i64]):
     member = Tensor.call(op, Vec(xs[i]))
     batched = Tensor.call(op, Vec(stack(xs, 0)))
 
     # mirrors: batch_tanh / batch_sigmoid / batch_relu / batch_clamp / batch_nan_to_num / batch_detach
-    yield rule(pointwise_slot(op, xs, i),              # guard: seeded group slot (independent members)
+    yield rule(pointwise_slot(op, g, i),               # guard: seeded group slot (independent members)
+               eq(xs).to(group_vec(g, 0)),
                eq(s).to(shape(xs[i])),                 # guard: member shape known
                name="batch-pointwise").then(
         union(member).with_(unbind(batched, 0)[i]),

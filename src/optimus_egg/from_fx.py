@@ -27,18 +27,51 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
-from egglog import EGraph, Vec, f64, i64, set_
+from egglog import EGraph
 
-from optimus_egg.sorts import (
-    Outputs, Tensor, cat, layer_norm, layer_norm_slot, linear, linear_slot, origin, pointwise,
-    pointwise_slot, shape, split, stack, unbind,
-)
+from optimus_egg import sorts
 
 aten = torch.ops.aten
 
 
 class Unsupported(Exception):
     """A construct from_fx cannot lower (the pipeline falls back to the input graph)."""
+
+
+def _app(fn: str, *args) -> str:
+    return f"({fn} {' '.join(str(a) for a in args)})" if args else f"({fn})"
+
+
+def _vec(items) -> str:
+    items = list(items)
+    return _app("vec-of", *items) if items else "(vec-empty)"
+
+
+def _f64(x: float) -> str:
+    if not math.isfinite(x):
+        raise Unsupported(f"non-finite constant {x}")
+    return repr(float(x))
+
+
+def _str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+NONE = "(none)"
+_SEED_CHUNK = 10  # actions per seeding rule: egglog 13.2 keeps each command's source text,
+# so one huge command (or thousands of tiny ones) costs quadratic memory and time.
+
+
+def register_text(egraph: EGraph, actions: list[str]) -> None:
+    """Run egglog actions (text) in one pass; much faster than building Python exprs."""
+    for fn in sorts.DECLARED:
+        egraph._callable_to_egg(fn)
+    run = egraph._egraph.run_program
+    parse = egraph._egraph.parse_program
+    run(*parse("(ruleset optimus_egg_seed)"))
+    for k in range(0, len(actions), _SEED_CHUNK):
+        run(*parse(f"(rule () ({' '.join(actions[k:k + _SEED_CHUNK])}) :ruleset optimus_egg_seed)"))
+    run(*parse("(run optimus_egg_seed 1)"))
 
 
 @dataclass(frozen=True)
@@ -64,7 +97,7 @@ class Lowered:
     nodes: list[fx.Node]                  # origin index -> FX node
     templates: list[Template]
     leaves: dict[str, fx.Node]            # Tensor.input name -> placeholder / get_attr node
-    root: Outputs
+    root: str                             # the Outputs term (egglog text)
     output_args: Any                      # output structure with Slots into root's Vec
     n_outputs: int                        # root entries that are real outputs (the rest keep effects)
     exprs: dict[fx.Node, Any]
@@ -289,8 +322,13 @@ def propagate_shapes(gm: fx.GraphModule, inputs: list) -> dict[fx.Node, Any]:
                 def run_node(self, n):
                     return keep(n, super().run_node(n))
 
-            with torch.no_grad():
-                _Real(gm).run(*inputs)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # tiny ops: a contended thread pool made this 100x slower
+            try:
+                with torch.no_grad():
+                    _Real(gm).run(*inputs)
+            finally:
+                torch.set_num_threads(threads)
     except Exception as e:  # a shape mismatch surfaces here for untyped graphs
         raise ValueError(f"example inputs do not fit the graph: {type(e).__name__}: {e}") from e
     return {n: (vals[n] if vals[n] is not None else env.get(n)) for n in gm.graph.nodes}
@@ -367,7 +405,7 @@ class _Lowerer:
             raise Unsupported(f"{n.name} ({_name(n.target)}) changes global state for the nodes after it")
         if n.op in ("placeholder", "get_attr"):
             self.leaves[n.name] = n
-            e = Tensor.input(n.name)
+            e = _app("input", _str(n.name))
         elif n in self.effect_set:
             e = self.opaque(n, deps)
         else:
@@ -376,17 +414,16 @@ class _Lowerer:
                 e = self.opaque(n, [], shared=self.is_pure(n))
         if e is None:
             return
-        # Bind every value to a let: later expressions then refer to it by name instead of
-        # nesting it, so registering stays linear in graph size (egglog-python walks and
-        # hashes whole expression trees, recursively: quadratic, and deep chains overflow).
-        if isinstance(e, tuple):  # ("pieces", P)
-            self.pieces[n] = self.egraph.let(f"p{idx}", e[1])
+        if isinstance(e, tuple):  # ("pieces", P): inlined into each item
+            self.pieces[n] = e[1]
             return
-        e = self.egraph.let(f"v{idx}", e)
-        self.expr[n] = e
-        self.facts.append(set_(origin(e)).to(i64(idx)))
+        # Every value is named by (node idx): later terms refer to it instead of nesting it,
+        # so the seed program is linear in graph size, and the name marks the FX origin.
+        ref = _app("node", idx)
+        self.facts.append(_app("union", ref, e))
+        self.expr[n] = ref
         if shp is not None:
-            self.facts.append(set_(shape(e)).to(Vec[i64](*[i64(d) for d in shp]) if shp else Vec[i64].empty()))
+            self.facts.append(_app("set", _app("shape", ref), _vec(shp)))
 
     def is_pure(self, n: fx.Node) -> bool:
         if n.op == "call_module":
@@ -403,9 +440,8 @@ class _Lowerer:
         # An effect's tuple stays one opaque value: its getitems are effects too and must stay
         # in the chain, which an item of Pieces would not.
         if self.tuple_valued(n) and n not in self.effect_set:
-            from optimus_egg.sorts import Pieces
-            return ("pieces", Pieces.call(tid, Vec[Tensor](*values, *deps)))
-        return Tensor.call(tid, Vec[Tensor](*values, *deps))
+            return ("pieces", _app("call_multi", tid, _vec([*values, *deps])))
+        return _app("call", tid, _vec([*values, *deps]))
 
     def tuple_valued(self, n: fx.Node) -> bool:
         return bool(n.users) and all(u.op == "call_function" and u.target is operator.getitem
@@ -439,7 +475,7 @@ class _Lowerer:
             if isinstance(src, fx.Node) and src in self.pieces and isinstance(n.args[1], int):
                 p = self.pieces[src]
                 i = n.args[1]
-                return p[i if i >= 0 else i + self.n_pieces(src)]
+                return _app("item", p, i if i >= 0 else i + self.n_pieces(src))
             return None
         name = t if n.op == "call_method" else None
         key = name if name is not None else t
@@ -462,8 +498,7 @@ class _Lowerer:
             d = self.dim(n, d, xs[0], extra) if xs else d
             if d is None:
                 return None
-            vs = Vec[Tensor](*[self.operand(a) for a in xs])
-            return stack(vs, d) if key in _STACK else cat(vs, d)
+            return _app("stack" if key in _STACK else "cat", _vec(self.operand(a) for a in xs), d)
         if key in _SPLIT or key in _CHUNK:
             return self.make_split(n, key in _CHUNK)
         if key in _UNBIND:
@@ -472,7 +507,7 @@ class _Lowerer:
             if d is None or not self.tuple_valued(n) or x not in self.shapes:
                 return None
             self.kind[n] = ("n", self.shapes[x][d])
-            return ("pieces", unbind(self.operand(x), d))
+            return ("pieces", _app("unbind", self.operand(x), d))
         if key in _DROPOUT:
             training = self.arg(n, 2, "training", True) if key is F.dropout else self.arg(n, 2, "train", True)
             p = self.arg(n, 1, "p", 0.5)
@@ -525,15 +560,15 @@ class _Lowerer:
 
     def leaf_or_operand(self, a):
         if a is None:
-            return Tensor.none()
+            return NONE
         if isinstance(a, str):
-            return Tensor.input(a)
+            return _app("input", _str(a))
         return self.operand(a)
 
     def make_linear(self, n, x, w, b):
         if not isinstance(x, fx.Node):
             return None
-        e = linear(self.operand(x), self.leaf_or_operand(w), self.leaf_or_operand(b))
+        e = _app("linear", self.operand(x), self.leaf_or_operand(w), self.leaf_or_operand(b))
         xs, ws = self.shapes.get(x), self.shape_of(w)
         if xs is not None and ws is not None:
             self.kind[n] = ("linear", (xs, ws, self.dtype(x)), (x, w, b))
@@ -542,8 +577,8 @@ class _Lowerer:
     def make_layer_norm(self, n, x, ns, w, b, eps):
         if not isinstance(x, fx.Node) or not all(isinstance(d, int) for d in ns):
             return None
-        e = layer_norm(self.operand(x), Vec[i64](*[i64(d) for d in ns]), self.leaf_or_operand(w),
-                       self.leaf_or_operand(b), f64(eps))
+        e = _app("layer_norm", self.operand(x), _vec(ns), self.leaf_or_operand(w),
+                 self.leaf_or_operand(b), _f64(eps))
         if x in self.shapes:
             self.kind[n] = ("layer_norm", (self.shapes[x], tuple(ns), eps, w is None, b is None,
                                            self.dtype(x)), (x, ns, w, b, eps))
@@ -558,7 +593,7 @@ class _Lowerer:
         self.pointwise_ops.add(tid)
         if x in self.shapes:
             self.kind[n] = ("pointwise", (tid, self.shapes[x], self.dtype(x)), x)
-        return Tensor.call(tid, Vec[Tensor](self.operand(x)))
+        return _app("call", tid, _vec([self.operand(x)]))
 
     def make_binary(self, n, fn):
         if not n.args or set(n.kwargs) - {"other"}:
@@ -582,7 +617,7 @@ class _Lowerer:
         self.pointwise_ops.add(tid)
         if x in self.shapes:
             self.kind[n] = ("pointwise", (tid, self.shapes[x], self.dtype(x)), x)
-        return Tensor.call(tid, Vec[Tensor](self.operand(x)))
+        return _app("call", tid, _vec([self.operand(x)]))
 
     def make_split(self, n, chunk: bool):
         x = self.arg(n, 0, "input" if n.op == "call_function" else "self")
@@ -608,7 +643,7 @@ class _Lowerer:
         if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) for s in sizes):
             return None
         self.kind[n] = ("n", len(sizes))
-        return ("pieces", split(self.operand(x), Vec[i64](*[i64(s) for s in sizes]), d))
+        return ("pieces", _app("split", self.operand(x), _vec(sizes), d))
 
     def shape_of(self, a):
         if isinstance(a, str):
@@ -631,22 +666,30 @@ class _Lowerer:
             if len(members) < 2:
                 continue
             counts[family] += 1
+            # Each group's Vecs are written once into group_vec; slots refer to them (writing
+            # them out per member made seeding quadratic in group size).
+            g = counts["_groups"] = counts.get("_groups", 0) + 1
             if family == "linear":
-                xs = Vec[Tensor](*[self.operand(self.kind[m][2][0]) for m in members])
-                ws = Vec[Tensor](*[self.leaf_or_operand(self.kind[m][2][1]) for m in members])
-                bs = Vec[Tensor](*[self.leaf_or_operand(self.kind[m][2][2]) for m in members])
-                self.facts += [linear_slot(xs, ws, bs, i) for i in range(len(members))]
+                vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
+                        _vec(self.leaf_or_operand(self.kind[m][2][1]) for m in members),
+                        _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members)]
+            elif family == "layer_norm":
+                vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
+                        _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members),
+                        _vec(self.leaf_or_operand(self.kind[m][2][3]) for m in members)]
+            else:
+                vecs = [_vec(self.operand(self.kind[m][2]) for m in members)]
+            self.facts += [_app("set", _app("group_vec", g, k), v) for k, v in enumerate(vecs)]
+            if family == "linear":
+                slots = [_app("linear_slot", g, i) for i in range(len(members))]
             elif family == "layer_norm":
                 _, ns, w, b, eps = self.kind[members[0]][2]
-                xs = Vec[Tensor](*[self.operand(self.kind[m][2][0]) for m in members])
-                ws = Vec[Tensor](*[self.leaf_or_operand(self.kind[m][2][2]) for m in members])
-                bs = Vec[Tensor](*[self.leaf_or_operand(self.kind[m][2][3]) for m in members])
-                nsv = Vec[i64](*[i64(d) for d in ns])
-                self.facts += [layer_norm_slot(xs, nsv, ws, bs, f64(eps), i) for i in range(len(members))]
+                slots = [_app("layer_norm_slot", g, _vec(ns), _f64(eps), i) for i in range(len(members))]
             else:
                 tid = self.kind[members[0]][1][0]
-                xs = Vec[Tensor](*[self.operand(self.kind[m][2]) for m in members])
-                self.facts += [pointwise_slot(tid, xs, i) for i in range(len(members))]
+                slots = [_app("pointwise_slot", tid, g, i) for i in range(len(members))]
+            self.facts += slots
+        counts.pop("_groups", None)
         return dict(counts)
 
 
@@ -682,10 +725,9 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, training: bool | None = None,
     n_outputs = len(outs)
     if prev_effect is not None:
         outs.append(prev_effect)  # keeps the last effect (and its chain) alive
-    root = Outputs.of(Vec[Tensor](*outs))
+    root = _app("outputs", _vec(outs))
     groups = lw.seed_groups() if seed_groups else {}
-    for tid in sorted(lw.pointwise_ops):
-        lw.facts.append(pointwise(tid))
-    lw.egraph.register(root, *lw.facts)
+    lw.facts += [_app("pointwise", tid) for tid in sorted(lw.pointwise_ops)]
+    register_text(lw.egraph, [*lw.facts, root])
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
                    lw.expr, groups, lw.shapes, freeze)

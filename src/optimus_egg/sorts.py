@@ -85,9 +85,9 @@ def shape(x: Tensor) -> Vec[i64]:
     """Static shape. No merge: unioning tensors of different shapes is an error (soundness check)."""
 
 
-@function(egg_fn="origin", merge=lambda old, new: old)
-def origin(x: Tensor) -> i64:
-    """Index of the FX node this tensor came from (for meta and stack traces)."""
+@function(egg_fn="node")
+def node(index: i64Like) -> Tensor:
+    """The value of FX node `index`: from_fx names every value so, and to_fx reads origins from it."""
 
 
 @function(egg_fn="pointwise")
@@ -96,18 +96,23 @@ def pointwise(op: i64Like) -> Unit:
 
 
 @function(egg_fn="linear_slot")
-def linear_slot(xs: Vec[Tensor], ws: Vec[Tensor], bs: Vec[Tensor], i: i64Like) -> Unit:
-    """Member i of an independent same-signature group of linears."""
+def linear_slot(g: i64Like, i: i64Like) -> Unit:
+    """Member i of group g: independent same-signature linears, operands group_vec(g, 0..2)."""
 
 
 @function(egg_fn="layer_norm_slot")
-def layer_norm_slot(xs: Vec[Tensor], shape: Vec[i64], ws: Vec[Tensor], bs: Vec[Tensor], eps: f64Like, i: i64Like) -> Unit:
-    """Member i of an independent same-signature group of layer norms."""
+def layer_norm_slot(g: i64Like, shape: Vec[i64], eps: f64Like, i: i64Like) -> Unit:
+    """Member i of group g: independent same-signature layer norms, operands group_vec(g, 0..2)."""
 
 
 @function(egg_fn="pointwise_slot")
-def pointwise_slot(op: i64Like, xs: Vec[Tensor], i: i64Like) -> Unit:
-    """Member i of an independent same-shape group of one pointwise op."""
+def pointwise_slot(op: i64Like, g: i64Like, i: i64Like) -> Unit:
+    """Member i of group g: independent same-shape operands group_vec(g, 0) of one pointwise op."""
+
+
+@function(egg_fn="group_vec")
+def group_vec(g: i64Like, k: i64Like) -> Vec[Tensor]:
+    """Operand list k of seeded group g (written once, shared by the group's slots)."""
 
 
 @function(egg_fn="pieces_from")
@@ -117,6 +122,11 @@ def pieces_from(xs: Vec[Tensor], p: Pieces, i: i64Like) -> Unit:
 
 __all__ = [
     "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "f64",
-    "i64", "layer_norm", "layer_norm_slot", "linear", "linear_slot", "origin", "pieces_from",
+    "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_slot", "node", "pieces_from",
     "pointwise", "pointwise_slot", "shape", "split", "stack", "unbind",
 ]
+
+# Everything from_fx's seed program may mention, declared to egglog before it runs.
+DECLARED = [Tensor.input, Tensor.none, Tensor.call, Pieces.call, Pieces.__getitem__, Outputs.of,
+            linear, layer_norm, cat, stack, split, unbind, batched_linear, batched_layer_norm,
+            shape, node, group_vec, pointwise, linear_slot, layer_norm_slot, pointwise_slot, pieces_from]
