@@ -33,6 +33,8 @@ def launch_cost(op: str, target_name: str | None = None) -> float:
         return 0.0
     if op in COST:
         return COST[op]
+    if op == "unary":
+        return ELEMENTWISE
     if op in ("call", "call_multi"):
         if target_name in VIEW_TARGETS:
             return 0.0

@@ -11,13 +11,11 @@ batch_layernorm = ruleset(name="batch_layernorm")
 @batch_layernorm.register
 def _(g: i64, xs: Vec[Tensor], ns: Vec[i64], ws: Vec[Tensor], bs: Vec[Tensor], eps: f64, i: i64, s: Vec[i64]):
     y = batched_layer_norm(stack(xs, 0), ns, stack(ws, 0), stack(bs, 0), eps)
-    member = layer_norm(xs[i], ns, ws[i], bs[i], eps)
 
     # mirrors: batch_layernorm (BatchLayernormFusion); groups come from from_fx (same signature, same depth)
-    yield rule(layer_norm_slot(g, ns, eps, i),            # guard: seeded group slot (independent members)
+    yield rule(layer_norm_slot(g, ns, eps, s, i),         # guard: seeded group slot (independent members)
                eq(xs).to(group_vec(g, 0)), eq(ws).to(group_vec(g, 1)), eq(bs).to(group_vec(g, 2)),
-               eq(s).to(shape(member)),                   # guard: member shape known
                name="batch-layernorm").then(
-        union(member).with_(unbind(y, 0)[i]),
-        set_(shape(y)).to(Vec[i64](xs.length()).append(s)),
+        union(layer_norm(xs[i], ns, ws[i], bs[i], eps)).with_(unbind(y, 0)[i]),
+        set_(shape(y)).to(s),
     )

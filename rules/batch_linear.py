@@ -9,13 +9,11 @@ batch_linear = ruleset(name="batch_linear")
 @batch_linear.register
 def _(g: i64, xs: Vec[Tensor], ws: Vec[Tensor], bs: Vec[Tensor], i: i64, s: Vec[i64]):
     y = batched_linear(stack(xs, 0), stack(ws, 0), stack(bs, 0))
-    member = linear(xs[i], ws[i], bs[i])
 
     # mirrors: batch_linear (BatchLinearFusion); groups come from from_fx (same signature, same depth)
-    yield rule(linear_slot(g, i),                      # guard: seeded group slot (independent members)
+    yield rule(linear_slot(g, s, i),                   # guard: seeded group slot (independent members)
                eq(xs).to(group_vec(g, 0)), eq(ws).to(group_vec(g, 1)), eq(bs).to(group_vec(g, 2)),
-               eq(s).to(shape(member)),                # guard: member shape known
                name="batch-linear").then(
-        union(member).with_(unbind(y, 0)[i]),
-        set_(shape(y)).to(Vec[i64](xs.length()).append(s)),
+        union(linear(xs[i], ws[i], bs[i])).with_(unbind(y, 0)[i]),
+        set_(shape(y)).to(s),
     )

@@ -360,7 +360,6 @@ class _Lowerer:
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}
         self.effects = _ordered_effects(gm.graph)
         self.effect_set = set(self.effects)
-        self.pointwise_ops: set[int] = set()
         self.kind: dict[fx.Node, tuple] = {}   # node -> (family, key, payload) for grouping
 
     # templates ---------------------------------------------------------------
@@ -590,10 +589,9 @@ class _Lowerer:
         if not isinstance(x, fx.Node) or any(isinstance(a, fx.Node) for a in (*rest, *kwargs.values())):
             return None
         tid = self.template("call_function", fn, (Slot(0), *rest), kwargs, shared=True)
-        self.pointwise_ops.add(tid)
         if x in self.shapes:
             self.kind[n] = ("pointwise", (tid, self.shapes[x], self.dtype(x)), x)
-        return _app("call", tid, _vec([self.operand(x)]))
+        return _app("unary", tid, self.operand(x))
 
     def make_binary(self, n, fn):
         if not n.args or set(n.kwargs) - {"other"}:
@@ -614,10 +612,9 @@ class _Lowerer:
 
     def make_templated_pointwise(self, n, fn, args, x):
         tid = self.template("call_function", fn, args, {}, shared=True)
-        self.pointwise_ops.add(tid)
         if x in self.shapes:
             self.kind[n] = ("pointwise", (tid, self.shapes[x], self.dtype(x)), x)
-        return _app("call", tid, _vec([self.operand(x)]))
+        return _app("unary", tid, self.operand(x))
 
     def make_split(self, n, chunk: bool):
         x = self.arg(n, 0, "input" if n.op == "call_function" else "self")
@@ -659,7 +656,7 @@ class _Lowerer:
         depth = _depths(self.gm.graph)
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, k in self.kind.items():
-            if k[0] in ("linear", "layer_norm", "pointwise") and n in self.expr:
+            if k[0] in ("linear", "layer_norm", "pointwise") and n in self.expr and n in self.shapes:
                 buckets[(k[0], k[1], depth[n])].append(n)
         counts: dict[str, int] = defaultdict(int)
         for (family, _key, _d), members in buckets.items():
@@ -680,14 +677,15 @@ class _Lowerer:
             else:
                 vecs = [_vec(self.operand(self.kind[m][2]) for m in members)]
             self.facts += [_app("set", _app("group_vec", g, k), v) for k, v in enumerate(vecs)]
+            out = _vec([len(members), *self.shapes[members[0]]])
             if family == "linear":
-                slots = [_app("linear_slot", g, i) for i in range(len(members))]
+                slots = [_app("linear_slot", g, out, i) for i in range(len(members))]
             elif family == "layer_norm":
                 _, ns, w, b, eps = self.kind[members[0]][2]
-                slots = [_app("layer_norm_slot", g, _vec(ns), _f64(eps), i) for i in range(len(members))]
+                slots = [_app("layer_norm_slot", g, _vec(ns), _f64(eps), out, i) for i in range(len(members))]
             else:
                 tid = self.kind[members[0]][1][0]
-                slots = [_app("pointwise_slot", tid, g, i) for i in range(len(members))]
+                slots = [_app("pointwise_slot", tid, g, out, i) for i in range(len(members))]
             self.facts += slots
         counts.pop("_groups", None)
         return dict(counts)
@@ -727,7 +725,6 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, training: bool | None = None,
         outs.append(prev_effect)  # keeps the last effect (and its chain) alive
     root = _app("outputs", _vec(outs))
     groups = lw.seed_groups() if seed_groups else {}
-    lw.facts += [_app("pointwise", tid) for tid in sorted(lw.pointwise_ops)]
     register_text(lw.egraph, [*lw.facts, root])
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
                    lw.expr, groups, lw.shapes, freeze)

@@ -45,7 +45,7 @@ def saturate(egraph: EGraph, rulesets: dict[str, Ruleset], limits: Limits, deadl
         rep.stop_reason = "saturated"
         return rep
     schedule = seq(*(run(rs) for rs in rulesets.values()))
-    last_s, growth = 0.0, 1.0
+    last_s, growth, stale = 0.0, 1.0, 0
     while True:
         now = time.perf_counter()
         if rep.iterations >= limits.iterations:
@@ -70,7 +70,10 @@ def saturate(egraph: EGraph, rulesets: dict[str, Ruleset], limits: Limits, deadl
         for rule, count in report.num_matches_per_rule.items():
             rep.matches[rule.name] += count
         log.debug("iteration %d: %d nodes, %.3fs", rep.iterations, size, last_s)
-        if not report.updated:
+        # egglog reports `updated` when a rule merely re-asserts a fact, so a search that
+        # adds nothing twice in a row has saturated too.
+        stale = stale + 1 if size == before else 0
+        if not report.updated or stale >= 2:
             rep.stop_reason = "saturated"
             break
     rep.seconds = time.perf_counter() - start

@@ -24,6 +24,10 @@ class Tensor(Expr):
     @classmethod
     def call(cls, op: i64Like, args: Vec[Tensor]) -> Tensor: ...
 
+    @method(egg_fn="unary")
+    @classmethod
+    def unary(cls, op: i64Like, x: Tensor) -> Tensor: ...  # an elementwise template op on one tensor
+
 
 class Pieces(Expr):
     """A tuple of tensors (split, unbind, or a tuple-valued template op)."""
@@ -90,23 +94,19 @@ def node(index: i64Like) -> Tensor:
     """The value of FX node `index`: from_fx names every value so, and to_fx reads origins from it."""
 
 
-@function(egg_fn="pointwise")
-def pointwise(op: i64Like) -> Unit:
-    """Template `op` is elementwise in its single tensor argument (shape-preserving)."""
-
-
 @function(egg_fn="linear_slot")
-def linear_slot(g: i64Like, i: i64Like) -> Unit:
-    """Member i of group g: independent same-signature linears, operands group_vec(g, 0..2)."""
+def linear_slot(g: i64Like, out: Vec[i64], i: i64Like) -> Unit:
+    """Member i of group g: independent same-signature linears, operands group_vec(g, 0..2);
+    `out` is the shape of the stacked result [N, *member shape]."""
 
 
 @function(egg_fn="layer_norm_slot")
-def layer_norm_slot(g: i64Like, shape: Vec[i64], eps: f64Like, i: i64Like) -> Unit:
+def layer_norm_slot(g: i64Like, shape: Vec[i64], eps: f64Like, out: Vec[i64], i: i64Like) -> Unit:
     """Member i of group g: independent same-signature layer norms, operands group_vec(g, 0..2)."""
 
 
 @function(egg_fn="pointwise_slot")
-def pointwise_slot(op: i64Like, g: i64Like, i: i64Like) -> Unit:
+def pointwise_slot(op: i64Like, g: i64Like, out: Vec[i64], i: i64Like) -> Unit:
     """Member i of group g: independent same-shape operands group_vec(g, 0) of one pointwise op."""
 
 
@@ -123,10 +123,10 @@ def pieces_from(xs: Vec[Tensor], p: Pieces, i: i64Like) -> Unit:
 __all__ = [
     "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "f64",
     "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_slot", "node", "pieces_from",
-    "pointwise", "pointwise_slot", "shape", "split", "stack", "unbind",
+    "pointwise_slot", "shape", "split", "stack", "unbind",
 ]
 
 # Everything from_fx's seed program may mention, declared to egglog before it runs.
-DECLARED = [Tensor.input, Tensor.none, Tensor.call, Pieces.call, Pieces.__getitem__, Outputs.of,
+DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
             linear, layer_norm, cat, stack, split, unbind, batched_linear, batched_layer_norm,
-            shape, node, group_vec, pointwise, linear_slot, layer_norm_slot, pointwise_slot, pieces_from]
+            shape, node, group_vec, linear_slot, layer_norm_slot, pointwise_slot, pieces_from]

@@ -88,6 +88,8 @@ class _Raiser:
             return None
         if op in ("call", "call_multi"):
             node = self.template(a[0], a[1])
+        elif op == "unary":
+            node = self.template(a[0], [a[1]])
         elif op == "item":
             node = self.call(operator.getitem, a[0], a[1])
         elif op == "linear":
