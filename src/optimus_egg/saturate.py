@@ -1,7 +1,7 @@
 """Saturation: runs the rulesets under limits and records why the search stopped.
 
 The only module that sets limits. Each iteration runs every enabled ruleset once, in
-SCHEDULE_ORDER, inside push/pop: an iteration that takes the e-graph past `node_limit` is
+SCHEDULE_ORDER (vertical families to their fixpoint), inside push/pop: an iteration that takes the e-graph past `node_limit` is
 rolled back. egglog 13.2 cannot interrupt a running iteration, so the clock is checked
 between iterations, and an iteration is not started when the last one's time, scaled by the
 e-graph's growth, would overrun the deadline.
@@ -14,6 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from egglog import EGraph, Ruleset, run, seq
+
+from optimus_egg.rules import VERTICAL
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,9 @@ def saturate(egraph: EGraph, rulesets: dict[str, Ruleset], limits: Limits, deadl
     if not rulesets:
         rep.stop_reason = "saturated"
         return rep
-    schedule = seq(*(run(rs) for rs in rulesets.values()))
+    # Vertical families are cheap and confluent: each runs to its fixpoint inside an iteration
+    # (the pieces walk advances one operand per run). Horizontal ones run once per iteration.
+    schedule = seq(*(run(rs).saturate() if name in VERTICAL else run(rs) for name, rs in rulesets.items()))
     last_s, growth, stale = 0.0, 1.0, 0
     while True:
         now = time.perf_counter()
