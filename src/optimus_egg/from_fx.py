@@ -361,6 +361,7 @@ class _Lowerer:
         self.effects = _ordered_effects(gm.graph)
         self.effect_set = set(self.effects)
         self.kind: dict[fx.Node, tuple] = {}   # node -> (family, key, payload) for grouping
+        self.lhs_kind: dict[fx.Node, tuple] = {}  # linear -> (input, dtype, no bias, out features)
 
     # templates ---------------------------------------------------------------
     def template(self, op: str, target, args: tuple, kwargs: dict, shared: bool, n_deps: int = 0) -> int:
@@ -571,6 +572,7 @@ class _Lowerer:
         xs, ws = self.shapes.get(x), self.shape_of(w)
         if xs is not None and ws is not None:
             self.kind[n] = ("linear", (xs, ws, self.dtype(x)), (x, w, b))
+            self.lhs_kind[n] = (x, self.dtype(x), b is None, ws[0])
         return e
 
     def make_layer_norm(self, n, x, ns, w, b, eps):
@@ -688,7 +690,31 @@ class _Lowerer:
                 slots = [_app("pointwise_slot", tid, g, out, i) for i in range(len(members))]
             self.facts += slots
         counts.pop("_groups", None)
+        self.seed_lhs_groups(depth, counts)
         return dict(counts)
+
+    def seed_lhs_groups(self, depth, counts) -> None:
+        """Linears reading the same input (same depth, same bias presence): one wide GEMM."""
+        buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
+        for n, (x, dt, nobias, _) in self.lhs_kind.items():
+            if n in self.expr and n in self.shapes:
+                buckets[(x, dt, nobias, depth[n])].append(n)
+        for (x, *_), members in buckets.items():
+            if len(members) < 2:
+                continue
+            counts["linear_lhs"] += 1
+            g = counts["_lhs"] = counts.get("_lhs", 0) + 1
+            g = -g  # lhs groups count down so their ids never meet the batch groups'
+            sizes = [self.lhs_kind[m][3] for m in members]
+            shp = self.shapes[members[0]]
+            out = _vec([*shp[:-1], sum(sizes)])
+            self.facts += [
+                _app("set", _app("group_vec", g, 1), _vec(self.leaf_or_operand(self.kind[m][2][1]) for m in members)),
+                _app("set", _app("group_vec", g, 2), _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members)),
+            ]
+            self.facts += [_app("linear_lhs_slot", self.operand(x), g, _vec(sizes), len(shp) - 1, out, i)
+                           for i in range(len(members))]
+        counts.pop("_lhs", None)
 
 
 def from_fx(gm: fx.GraphModule, example_inputs, *, training: bool | None = None,

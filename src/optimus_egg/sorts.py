@@ -100,6 +100,12 @@ def linear_slot(g: i64Like, out: Vec[i64], i: i64Like) -> Unit:
     `out` is the shape of the stacked result [N, *member shape]."""
 
 
+@function(egg_fn="linear_lhs_slot")
+def linear_lhs_slot(x: Tensor, g: i64Like, sizes: Vec[i64], d: i64Like, out: Vec[i64], i: i64Like) -> Unit:
+    """Member i of group g: linears reading the same x, weights/biases group_vec(g, 1..2);
+    `sizes` their output widths, `d` the output's last dim, `out` the wide output's shape."""
+
+
 @function(egg_fn="layer_norm_slot")
 def layer_norm_slot(g: i64Like, shape: Vec[i64], eps: f64Like, out: Vec[i64], i: i64Like) -> Unit:
     """Member i of group g: independent same-signature layer norms, operands group_vec(g, 0..2)."""
@@ -122,11 +128,11 @@ def pieces_from(xs: Vec[Tensor], p: Pieces, i: i64Like) -> Unit:
 
 __all__ = [
     "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "f64",
-    "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_slot", "node", "pieces_from",
+    "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "node", "pieces_from",
     "pointwise_slot", "shape", "split", "stack", "unbind",
 ]
 
 # Everything from_fx's seed program may mention, declared to egglog before it runs.
 DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
             linear, layer_norm, cat, stack, split, unbind, batched_linear, batched_layer_norm,
-            shape, node, group_vec, linear_slot, layer_norm_slot, pointwise_slot, pieces_from]
+            shape, node, group_vec, linear_slot, linear_lhs_slot, layer_norm_slot, pointwise_slot, pieces_from]

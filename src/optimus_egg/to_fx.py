@@ -97,6 +97,8 @@ class _Raiser:
         elif op == "layer_norm":
             node = self.call(F.layer_norm, a[0], list(a[1]), a[2], a[3], a[4])
         elif op == "cat":
+            if all(x is None for x in a[0]):
+                return None  # the biases of a group without any
             node = self.call(torch.cat, list(a[0]), a[1])
         elif op == "stack":
             if all(x is None for x in a[0]):

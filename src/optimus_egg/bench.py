@@ -1,0 +1,632 @@
+"""The benchmark suite shared by `optimus-egg compare` / `optimus-egg bench` and bench/*.py.
+
+`run_model(name, budgets)` runs one model of the zoo (optimus_egg.models) side by side, in one
+process, under these arms and returns one row (a dict, see `COLUMNS`) per arm:
+
+* ``inductor``           plain Inductor (caches off)
+* ``optimus``            Inductor + PyTorch's Optimus (baselines.inductor_with_optimus; its
+                         post-grad ATen passes too when training)
+* ``optimus_egg@<b>s``   optimus_egg.optimize at budget b seconds, then Inductor
+* ``greedy_rules``       the ablation: optimus_egg's own rules without the e-graph search.
+                         Approximated as ``optimize(..., limits=Limits(iterations=1))``: one
+                         saturation round (vertical families to their fixpoint, each
+                         horizontal family once) and then the usual extraction, so the
+                         rewrites that need a second round (what one rewrite exposes to
+                         another) are not found.
+
+Every arm compiles with ``measure.compile_inductor`` and is checked against eager (outputs;
+gradients of every parameter too when training). Latency is the median of interleaved
+rounds (``measure.interleaved_medians``); training arms time forward + sum + backward.
+The whole run uses ONE torch thread (``torch.set_num_threads(1)``), compile included (the
+C++ kernels Inductor writes take their OpenMP thread count from it): on a small shared
+machine two threads under load made a small graph 100x slower, so single-thread figures are
+the only ones comparable from run to run.
+
+``peak_rss_mb`` is the process's high-water mark after the arm (monotonic within a run);
+bench/budget_sweep.py measures optimize's memory honestly in fresh subprocesses.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence, TextIO
+
+import torch
+import torch.fx as fx
+
+__all__ = [
+    "COLUMNS",
+    "GREEDY_RULES",
+    "greedy_rules_limits",
+    "default_models",
+    "BIG_MODEL",
+    "run_model",
+    "run_optimize_only",
+    "print_table",
+    "write_results",
+    "read_results",
+    "markdown_table",
+    "update_readme",
+    "plot",
+    "spearman",
+    "predicted_launches",
+    "family_of",
+]
+
+GREEDY_RULES = "greedy_rules"
+BIG_MODEL = "illustrative_10k"
+README_START = "<!-- bench:start -->"
+README_END = "<!-- bench:end -->"
+VALUE_TOL = dict(rtol=1e-4, atol=1e-4)
+GRAD_TOL = dict(rtol=1e-3, atol=1e-4)
+
+COLUMNS = [
+    "family", "model", "mode", "arm", "budget", "fx_nodes",
+    "launches", "extern", "kernels", "pred_launches",
+    "optimize_s", "compile_s", "total_compile_s", "median_ms", "ratio", "launch_ratio",
+    "peak_rss_mb", "egraph_nodes", "iterations", "stop_reason", "cost_before", "cost_after",
+    "changed", "values_match", "grads_match", "rule_counters", "threads", "rounds",
+]
+
+
+def greedy_rules_limits():
+    """The ablation's limits: a single saturation round."""
+    from optimus_egg.saturate import Limits
+
+    return Limits(iterations=1)
+
+
+def family_of(model: str) -> str:
+    """``illustrative_1k`` -> ``illustrative``; other zoo names are their own family."""
+    return re.sub(r"_\d+k$", "", model)
+
+
+def default_models() -> list[str]:
+    """Every zoo model except illustrative_10k (whose Inductor compiles take minutes)."""
+    from optimus_egg.models import MODELS
+
+    return [m for m in MODELS if m != BIG_MODEL]
+
+
+@contextmanager
+def one_thread():
+    """torch.set_num_threads(1) for the duration; restores the previous count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _tensors(x: Any) -> Iterable[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _tensors(y)
+
+
+def _detach(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_detach(y) for y in x) if isinstance(x, list) else tuple(_detach(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _detach(v) for k, v in x.items()}
+    return x
+
+
+def _seed(out: Any) -> torch.Tensor | None:
+    leaves = [t for t in _tensors(out) if t.requires_grad and t.is_floating_point()]
+    return sum(t.sum() for t in leaves) if leaves else None
+
+
+def _train_step(fn: Callable[..., Any], params: list[torch.nn.Parameter]) -> Callable[..., Any]:
+    """forward, sum of the outputs, backward (gradients reset first so nothing accumulates)."""
+
+    def step(*inputs: Any) -> Any:
+        for p in params:
+            p.grad = None
+        out = fn(*inputs)
+        seed = _seed(out)
+        if seed is not None:
+            seed.backward()
+        return out
+
+    return step
+
+
+def _run_and_grads(fn, inputs, params: dict[str, torch.nn.Parameter], train: bool):
+    """Outputs (detached) and, when training, {param name: grad} after one backward."""
+    if not train:
+        with torch.no_grad():
+            return _detach(fn(*inputs)), {}
+    for p in params.values():
+        p.grad = None
+    with torch.enable_grad():
+        out = fn(*inputs)
+        seed = _seed(out)
+        if seed is not None:
+            seed.backward()
+    grads = {k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None}
+    for p in params.values():
+        p.grad = None
+    return _detach(out), grads
+
+
+def _grads_match(got: dict, expected: dict) -> bool:
+    from optimus_egg.measure import values_match
+
+    if got.keys() != expected.keys():
+        return False
+    return all(values_match(got[k], expected[k], **GRAD_TOL) for k in expected)
+
+
+def _fmt_counters(counts: dict[str, int]) -> str:
+    return ";".join(f"{k}={v}" for k, v in sorted(counts.items()) if v)
+
+
+def _optimus_counter_names() -> set[str]:
+    from optimus_egg.baselines import OPTIMUS_POST_GRAD, OPTIMUS_PRE_GRAD
+
+    return set(OPTIMUS_PRE_GRAD) | set(OPTIMUS_POST_GRAD)
+
+
+def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any]) -> float:
+    """Launches the cost model predicts for ``gm`` as written (no rewriting): the greedy DAG
+    cost of the unsaturated e-graph without the per-node EPS tie-breakers. NaN if the
+    graph does not lower."""
+    from optimus_egg.extract.graph import serialize
+    from optimus_egg.extract.greedy import greedy
+    from optimus_egg.from_fx import from_fx
+    from optimus_egg.pipeline import node_cost
+
+    try:
+        lowered = from_fx(gm, list(inputs), seed_groups=False)
+        g = serialize(lowered.egraph)
+        cost = node_cost(lowered, g)
+        ex = greedy(g, cost)
+        return float(sum(cost(g.nodes[k]) for k in ex.choice.values()))
+    except Exception:  # noqa: BLE001 - a graph the lowering does not cover has no prediction
+        return math.nan
+
+
+def _report_fields(report) -> dict[str, Any]:
+    if report is None:
+        return dict(egraph_nodes="", iterations="", stop_reason="", cost_before="", cost_after="", changed="")
+    return dict(
+        egraph_nodes=report.egraph_nodes,
+        iterations=report.iterations,
+        stop_reason=report.stop_reason + (" (fallback)" if report.fallback else ""),
+        cost_before=round(report.cost_before, 3),
+        cost_after=round(report.cost_after, 3),
+        changed=report.changed,
+    )
+
+
+def _budget_label(b: float) -> str:
+    return f"{b:g}"
+
+
+def egg_arm(b: float) -> str:
+    return f"optimus_egg@{_budget_label(b)}s"
+
+
+# --------------------------------------------------------------------------- the suite
+
+
+@dataclass
+class _Arm:
+    name: str
+    budget: str
+    graph: fx.GraphModule
+    optimize_s: float
+    report: Any = None
+    counters: dict | None = None
+
+
+def run_model(
+    name: str,
+    budgets: Sequence[float] = (1.0,),
+    train: bool = False,
+    rounds: int = 30,
+    *,
+    arms: Sequence[str] | None = None,
+    greedy_rules_budget: float | None = None,
+    predict: bool = True,
+    out: TextIO | None = sys.stdout,
+    model_kw: dict | None = None,
+) -> list[dict]:
+    """Run model ``name`` under every arm, one process, and return one row per arm.
+
+    ``arms`` picks a subset of ``("inductor", "optimus", "optimus_egg", "greedy_rules")``
+    (default all; the ratio column needs "inductor"). ``greedy_rules_budget`` is the budget
+    given to the one-round ablation (default: the largest of ``budgets``, at least 1 s: the
+    round always runs, the budget only bounds whether it starts). ``predict`` adds the
+    cost model's prediction (``pred_launches``) for each arm's graph. Progress goes to
+    ``out`` (None: silent).
+    """
+    from optimus_egg import measure
+    from optimus_egg.baselines import inductor_with_optimus
+    from optimus_egg.models import build
+    from optimus_egg.pipeline import optimize
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    def say(msg: str) -> None:
+        if out is not None:
+            print(msg, file=out, flush=True)
+
+    wanted = set(arms or ("inductor", "optimus", "optimus_egg", GREEDY_RULES))
+    unknown = wanted - {"inductor", "optimus", "optimus_egg", GREEDY_RULES}
+    if unknown:
+        raise ValueError(f"unknown arms {sorted(unknown)}")
+    budgets = list(budgets)
+    if any(not math.isfinite(b) or b < 0 for b in budgets):
+        raise ValueError(f"budgets must be finite seconds >= 0, got {budgets}")
+    mode = "train" if train else "infer"
+    rows: list[dict] = []
+    with one_thread():
+        model, inputs = build(name, **(model_kw or {}))
+        model.train(train)
+        inputs = list(inputs)
+        gm = fx.symbolic_trace(model)
+        gm.train(train)
+        params = dict(model.named_parameters())
+        expected, expected_grads = _run_and_grads(model, inputs, params, train)
+        fx_nodes = len(gm.graph.nodes)
+        say(f"model {name}: {fx_nodes} FX nodes, {'training (forward + backward)' if train else 'inference'}, "
+            f"torch threads = {torch.get_num_threads()} (set to 1 for compile and timing)")
+
+        # Build every arm's graph first (cheap next to compiling), then compile each.
+        plan: list[_Arm] = []
+        if "inductor" in wanted:
+            plan.append(_Arm("inductor", "", gm, 0.0))
+        if "optimus" in wanted:
+            t = time.perf_counter()
+            opt = inductor_with_optimus(gm, inputs, post_grad=train)
+            plan.append(_Arm("optimus", "", opt, time.perf_counter() - t,
+                             counters=dict(opt.meta.get("optimus_counters", {}))))
+        if "optimus_egg" in wanted:
+            for b in budgets:
+                t = time.perf_counter()
+                egg = optimize(gm, inputs, budget_s=b)
+                plan.append(_Arm(egg_arm(b), _budget_label(b), egg, time.perf_counter() - t,
+                                 report=egg.meta["optimus_egg"]))
+        if GREEDY_RULES in wanted:
+            gb = greedy_rules_budget if greedy_rules_budget is not None else max([1.0, *budgets])
+            t = time.perf_counter()
+            egg = optimize(gm, inputs, budget_s=gb, limits=greedy_rules_limits())
+            plan.append(_Arm(GREEDY_RULES, "1 round", egg, time.perf_counter() - t,
+                             report=egg.meta["optimus_egg"]))
+
+        fns: dict[str, Callable[..., Any]] = {}
+        launches: dict[str, Any] = {}
+        for i, arm in enumerate(plan, 1):
+            say(f"  [{i}/{len(plan)}] {arm.name}: compiling ...")
+            dynamo_counters["inductor"].clear()
+            c = measure.compile_inductor(arm.graph, inputs, training=train)
+            if arm.counters is not None:  # Optimus: pre-grad counters + post-grad ones from compile
+                names = _optimus_counter_names()
+                arm.counters.update({k: v for k, v in dynamo_counters["inductor"].items() if k in names and v})
+            got, grads = _run_and_grads(c.fn, inputs, params, train)
+            match = measure.values_match(got, expected, **VALUE_TOL)
+            gmatch = _grads_match(grads, expected_grads) if train else ""
+            fns[arm.name] = _train_step(c.fn, list(params.values())) if train else c.fn
+            launches[arm.name] = c.launches
+            L = c.launches
+            rep = arm.report
+            counters = arm.counters if arm.counters is not None else (
+                dict(rep.matches) if rep is not None else {})
+            row = dict(
+                family=family_of(name), model=name, mode=mode, arm=arm.name, budget=arm.budget,
+                fx_nodes=fx_nodes, launches=L.total, extern=L.extern,
+                kernels=L.cpp + L.triton + L.fallback,
+                pred_launches=predicted_launches(arm.graph, inputs) if predict else math.nan,
+                optimize_s=round(arm.optimize_s, 4), compile_s=round(c.compile_s, 3),
+                total_compile_s=round(arm.optimize_s + c.compile_s, 3),
+                median_ms=math.nan, ratio=math.nan, launch_ratio=math.nan,
+                peak_rss_mb=round(measure.peak_rss_mb(), 1),
+                **_report_fields(rep),
+                values_match=match, grads_match=gmatch, rule_counters=_fmt_counters(counters),
+                threads=1, rounds=rounds,
+            )
+            rows.append(row)
+            extra = f", {rep.stop_reason}, cost {rep.cost_before:.2f} -> {rep.cost_after:.2f}" if rep is not None else ""
+            say(f"  [{i}/{len(plan)}] {arm.name}: optimize {arm.optimize_s:.2f} s, compile {c.compile_s:.2f} s, "
+                f"{L.total} launches (extern {L.extern}){extra}, values {'match' if match else 'DIFFER'}"
+                + (f", grads {'match' if gmatch else 'DIFFER'}" if train else ""))
+
+        say(f"  timing {len(fns)} arms, {rounds} interleaved rounds, 1 torch thread ...")
+        with torch.set_grad_enabled(train):
+            medians = measure.interleaved_medians(fns, inputs, rounds=rounds)
+        base = rows[0] if rows and rows[0]["arm"] == "inductor" else None
+        for row in rows:
+            row["median_ms"] = round(medians[row["arm"]], 4)
+            if base is not None:
+                row["ratio"] = round(medians[row["arm"]] / medians["inductor"], 3)
+                row["launch_ratio"] = round(row["launches"] / max(base["launches"], 1), 3)
+        for p in params.values():
+            p.grad = None
+    return rows
+
+
+def run_optimize_only(name: str, budget: float = 1.0, out: TextIO | None = sys.stdout) -> dict:
+    """One optimus_egg row without Inductor (for illustrative_10k, whose compiles are slow)."""
+    from optimus_egg import measure
+    from optimus_egg.models import build
+    from optimus_egg.pipeline import optimize
+
+    with one_thread():
+        model, inputs = build(name)
+        model.eval()
+        gm = fx.symbolic_trace(model)
+        t = time.perf_counter()
+        egg = optimize(gm, list(inputs), budget_s=budget)
+        optimize_s = time.perf_counter() - t
+    rep = egg.meta["optimus_egg"]
+    row = {c: "" for c in COLUMNS}
+    row.update(
+        family=family_of(name), model=name, mode="infer", arm=egg_arm(budget), budget=_budget_label(budget),
+        fx_nodes=len(gm.graph.nodes), optimize_s=round(optimize_s, 3), total_compile_s=round(optimize_s, 3),
+        peak_rss_mb=round(measure.peak_rss_mb(), 1), **_report_fields(rep),
+        rule_counters=_fmt_counters(dict(rep.matches)), threads=1,
+    )
+    if out is not None:
+        print(f"  {egg_arm(budget)} on {name} (optimize only, no Inductor): {optimize_s:.2f} s, "
+              f"cost {rep.cost_before:.1f} -> {rep.cost_after:.1f}, {rep.stop_reason}", file=out, flush=True)
+    return row
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _num(v: Any, fmt: str) -> str:
+    if v == "" or v is None:
+        return "-"
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return "-" if math.isnan(f) else format(f, fmt)
+
+
+def _truthy(v: Any) -> bool:
+    return v is True or str(v).lower() == "true"
+
+
+def print_table(rows: list[dict], out: TextIO = sys.stdout) -> None:
+    """The compare table: one line per arm."""
+    if not rows:
+        return
+    r0 = rows[0]
+    print(f"\n{r0['model']} ({r0['mode']}), {r0['fx_nodes']} FX nodes, 1 torch thread, "
+          f"{r0['rounds']} interleaved rounds", file=out)
+    head = (f"{'arm':<20}{'launches':>9}{'extern':>7}{'kernels':>8}{'pred':>7}{'optimize s':>11}"
+            f"{'compile s':>10}{'total s':>9}{'median ms':>10}{'vs ind.':>8}{'RSS MB':>8}{'e-nodes':>8}"
+            f"  {'stop':<10}values")
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for r in rows:
+        values = "match" if _truthy(r["values_match"]) else "DIFFER"
+        if r["mode"] == "train":
+            values += ", grads " + ("match" if _truthy(r["grads_match"]) else "DIFFER")
+        print(f"{r['arm']:<20}{_num(r['launches'], 'g'):>9}{_num(r['extern'], 'g'):>7}{_num(r['kernels'], 'g'):>8}"
+              f"{_num(r['pred_launches'], '.2f'):>7}{_num(r['optimize_s'], '.2f'):>11}{_num(r['compile_s'], '.2f'):>10}"
+              f"{_num(r['total_compile_s'], '.2f'):>9}{_num(r['median_ms'], '.3f'):>10}{_num(r['ratio'], '.2f'):>8}"
+              f"{_num(r['peak_rss_mb'], '.0f'):>8}{_num(r['egraph_nodes'], 'g'):>8}  {str(r['stop_reason'] or '-'):<10}"
+              f"{values}", file=out)
+    fired = [(r["arm"], r["rule_counters"]) for r in rows if r["rule_counters"]]
+    if fired:
+        print("rule counters:", file=out)
+        for arm, c in fired:
+            print(f"  {arm}: {c.replace(';', ', ')}", file=out)
+
+
+def result_stem(model: str, train: bool) -> str:
+    return f"{model}_train" if train else model
+
+
+def write_results(rows: list[dict], results_dir: str | os.PathLike, stem: str) -> tuple[Path, Path]:
+    """bench/results/<stem>.csv (COLUMNS) and <stem>.json (rows plus run metadata)."""
+    d = Path(results_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = d / f"{stem}.csv", d / f"{stem}.json"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    meta = dict(
+        created=time.strftime("%Y-%m-%d %H:%M:%S"), torch=torch.__version__, python=platform.python_version(),
+        machine=platform.machine(), cpus=os.cpu_count(), torch_threads=1,
+    )
+    json_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str) + "\n")
+    return csv_path, json_path
+
+
+def read_results(results_dir: str | os.PathLike) -> list[dict]:
+    """Every row of every bench/results/*.csv."""
+    rows: list[dict] = []
+    for p in sorted(Path(results_dir).glob("*.csv")):
+        with open(p, newline="") as f:
+            rows.extend(csv.DictReader(f))
+    return rows
+
+
+def _model_order() -> list[str]:
+    from optimus_egg.models import MODELS
+
+    return list(MODELS)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """One Markdown table per mode: a line per model, launches and latency per arm."""
+    order = {m: i for i, m in enumerate(_model_order())}
+    out: list[str] = []
+    for mode, title in (("infer", "Inference"), ("train", "Training (forward + backward)")):
+        mrows = [r for r in rows if r["mode"] == mode]
+        if not mrows:
+            continue
+        egg_arms = sorted({r["arm"] for r in mrows if r["arm"].startswith("optimus_egg@")},
+                          key=lambda a: float(a[len("optimus_egg@"):-1]))
+        arm_names = ["inductor", "optimus", *egg_arms, GREEDY_RULES]
+        models = sorted({r["model"] for r in mrows}, key=lambda m: order.get(m, 99))
+        by = {(r["model"], r["arm"]): r for r in mrows}
+        short = {"inductor": "Inductor", "optimus": "Optimus", GREEDY_RULES: "1-round rules"}
+        labels = [short.get(a, a.replace("optimus_egg@", "egg@")) for a in arm_names]
+        out.append(f"**{title}** — Inductor kernel launches per call (lower is better), median latency "
+                   "relative to plain Inductor, optimize + compile seconds; 1 torch thread.\n")
+        out.append("| model | FX nodes | " + " | ".join(f"launches {l}" for l in labels)
+                   + " | " + " | ".join(f"ms× {l}" for l in labels[1:])
+                   + " | " + " | ".join(f"compile s {l}" for l in labels) + " | values |")
+        out.append("|" + " --- |" * (2 + 3 * len(labels)))
+        for m in models:
+            cells = [m, next(str(r["fx_nodes"]) for r in mrows if r["model"] == m)]
+            for a in arm_names:
+                r = by.get((m, a))
+                cells.append(_num(r["launches"], "g") if r else "-")
+            for a in arm_names[1:]:
+                r = by.get((m, a))
+                cells.append(_num(r["ratio"], ".2f") if r else "-")
+            for a in arm_names:
+                r = by.get((m, a))
+                cells.append(_num(r["total_compile_s"], ".1f") if r else "-")
+            bad = [a for a in arm_names if (r := by.get((m, a))) and r["values_match"] != ""
+                   and not (_truthy(r["values_match"]) and (mode == "infer" or _truthy(r["grads_match"])))]
+            cells.append("match" if not bad else "DIFFER: " + ", ".join(bad))
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def big_model_note(rows: list[dict]) -> str:
+    big = [r for r in rows if r["model"] == BIG_MODEL]
+    if not big:
+        return ""
+    lines = ["**illustrative_10k** (optimize only; its Inductor compiles are left out for time):\n",
+             "| arm | FX nodes | optimize s | launch cost (model) before -> after | e-graph nodes | stop | peak RSS MB |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in big:
+        lines.append(f"| {r['arm']} | {r['fx_nodes']} | {_num(r['optimize_s'], '.1f')} | "
+                     f"{_num(r['cost_before'], '.0f')} -> {_num(r['cost_after'], '.0f')} | {r['egraph_nodes']} | "
+                     f"{r['stop_reason']} | {_num(r['peak_rss_mb'], '.0f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_readme_section(rows: list[dict], command: str) -> str:
+    small = [r for r in rows if r["model"] != BIG_MODEL or r["launches"] not in ("", None)]
+    body = markdown_table(small) + "\n" + big_model_note(rows)
+    return (f"{README_START}\n<!-- generated by `{command}`; edit bench/ or src/optimus_egg/bench.py, "
+            f"not this table -->\n\n{body.strip()}\n\n{README_END}")
+
+
+def update_readme(readme: str | os.PathLike, section: str) -> bool:
+    """Replace the text between the bench markers in ``readme`` (read-modify-write, nothing
+    else touched); when the markers are missing, append a "Benchmarks" section holding
+    them. Returns True when the file changed."""
+    path = Path(readme)
+    text = path.read_text() if path.exists() else ""
+    start, end = text.find(README_START), text.find(README_END)
+    if start != -1 and end > start:
+        new = text[:start] + section + text[end + len(README_END):]
+    else:
+        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+        new = text + sep + "## Benchmarks\n\n" + section + "\n"
+    if new == text:
+        return False
+    tmp = path.with_name(path.name + ".bench-tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
+    return True
+
+
+def plot(rows: list[dict], path: str | os.PathLike) -> Path:
+    """Launches and optimize + compile time against budget for the optimus_egg arms, with
+    plain Inductor, Optimus and the one-round ablation as horizontal lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    egg = sorted((r for r in rows if str(r["arm"]).startswith("optimus_egg@")), key=lambda r: float(r["budget"]))
+    if not egg:
+        raise ValueError("plot needs at least one optimus_egg arm")
+    xs = [float(r["budget"]) for r in egg]
+    log_x = all(x > 0 for x in xs) and len(set(xs)) > 1
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((axes[0], "launches", "kernel launches per call"),
+                           (axes[1], "total_compile_s", "optimize + compile (s)")):
+        ax.plot(xs, [float(r[key]) for r in egg], "o-", color="C2", label="optimus_egg", zorder=3)
+        for arm, color, style in (("inductor", "C0", "--"), ("optimus", "C1", "-."), (GREEDY_RULES, "C3", ":")):
+            ref = next((r for r in rows if r["arm"] == arm), None)
+            if ref is not None:
+                ax.axhline(float(ref[key]), color=color, linestyle=style,
+                           label={"inductor": "plain Inductor", "optimus": "Inductor + Optimus",
+                                  GREEDY_RULES: "one-round rules"}[arm])
+        if log_x:
+            ax.set_xscale("log")
+        elif any(x == 0 for x in xs):
+            ax.set_xscale("symlog", linthresh=min([x for x in xs if x > 0] or [0.01]))
+        ax.set_xlabel("optimus_egg budget (s)")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    r0 = rows[0]
+    fig.suptitle(f"{r0['model']} ({r0['mode']}), {r0['fx_nodes']} FX nodes, 1 torch thread")
+    fig.tight_layout()
+    out = Path(path)
+    if out.parent != Path(""):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _ranks(x: Sequence[float]):
+    import numpy as np
+
+    a = np.asarray(x, dtype=float)
+    order = np.argsort(a, kind="mergesort")
+    ranks = np.empty(len(a))
+    i = 0
+    while i < len(a):  # average ranks over ties
+        j = i
+        while j + 1 < len(a) and a[order[j + 1]] == a[order[i]]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation (ties get average ranks); NaN when undefined."""
+    import numpy as np
+
+    if len(x) != len(y):
+        raise ValueError("spearman: x and y differ in length")
+    if len(x) < 2:
+        return math.nan
+    rx, ry = _ranks(x), _ranks(y)
+    if np.std(rx) == 0 or np.std(ry) == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
