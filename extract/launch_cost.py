@@ -13,7 +13,7 @@ cannot see, so the table errs towards counting elementwise work.
 """
 from __future__ import annotations
 
-FREE = {"input", "none", "item", "split", "unbind", "outputs"}
+FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten"}
 COST = {"linear": 1.0, "batched_linear": 1.0, "layer_norm": 1.0, "batched_layer_norm": 1.0,
         "cat": 0.25, "stack": 0.25}
 ELEMENTWISE = 0.5

@@ -2,13 +2,13 @@
 from egglog import Vec, eq, i64, ruleset
 
 from optimus_egg.dsl import rw
-from optimus_egg.sorts import Pieces, Tensor, cat, pieces_from, split
+from optimus_egg.sorts import Pieces, Tensor, cat, even_split, movedim, pieces_from, split, stack, unflatten
 
 split_cat = ruleset(name="split_cat")
 
 
 @split_cat.register
-def _(x: Tensor, sizes: Vec[i64], d: i64, xs: Vec[Tensor], p: Pieces):
+def _(x: Tensor, sizes: Vec[i64], d: i64, e: i64, s: i64, xs: Vec[Tensor], p: Pieces):
     # mirrors: remove_split_with_size_one_pass
     yield rw("split-one-piece", split(x, sizes, d)[0], x,
              eq(sizes.length()).to(i64(1)))            # guard: exactly one piece
@@ -18,3 +18,10 @@ def _(x: Tensor, sizes: Vec[i64], d: i64, xs: Vec[Tensor], p: Pieces):
              pieces_from(xs, p, 0),                    # guard: every operand is the matching piece
              eq(p).to(split(x, sizes, d)),             # guard: shared `d`: cat on the split dim
              eq(xs.length()).to(sizes.length()))       # guard: no piece left out
+
+    # mirrors: split_cat_pass (split -> stack of equal pieces: a view, split_stack_to_cats_pass)
+    yield rw("stack-of-split-pieces", stack(xs, e), movedim(unflatten(x, d, Vec[i64](xs.length(), s)), d, e),
+             pieces_from(xs, p, 0),                    # guard: every operand is the matching piece
+             eq(p).to(split(x, sizes, d)),
+             eq(xs.length()).to(sizes.length()),       # guard: no piece left out
+             even_split(sizes, s))                     # guard: all pieces the same size

@@ -250,7 +250,8 @@ def run_model(
     arms: Sequence[str] | None = None,
     greedy_rules_budget: float | None = None,
     predict: bool = True,
-    out: TextIO | None = sys.stdout,
+    out: TextIO | None = None,
+    quiet: bool = False,
     model_kw: dict | None = None,
 ) -> list[dict]:
     """Run model ``name`` under every arm, one process, and return one row per arm.
@@ -260,7 +261,7 @@ def run_model(
     given to the one-round ablation (default: the largest of ``budgets``, at least 1 s: the
     round always runs, the budget only bounds whether it starts). ``predict`` adds the
     cost model's prediction (``pred_launches``) for each arm's graph. Progress goes to
-    ``out`` (None: silent).
+    ``out`` (default: sys.stdout at call time) unless ``quiet``.
     """
     from optimus_egg import measure
     from optimus_egg.baselines import inductor_with_optimus
@@ -269,8 +270,8 @@ def run_model(
     from torch._dynamo.utils import counters as dynamo_counters
 
     def say(msg: str) -> None:
-        if out is not None:
-            print(msg, file=out, flush=True)
+        if not quiet:
+            print(msg, file=out or sys.stdout, flush=True)
 
     wanted = set(arms or ("inductor", "optimus", "optimus_egg", GREEDY_RULES))
     unknown = wanted - {"inductor", "optimus", "optimus_egg", GREEDY_RULES}
@@ -366,7 +367,7 @@ def run_model(
     return rows
 
 
-def run_optimize_only(name: str, budget: float = 1.0, out: TextIO | None = sys.stdout) -> dict:
+def run_optimize_only(name: str, budget: float = 1.0, out: TextIO | None = None) -> dict:
     """One optimus_egg row without Inductor (for illustrative_10k, whose compiles are slow)."""
     from optimus_egg import measure
     from optimus_egg.models import build
@@ -387,9 +388,8 @@ def run_optimize_only(name: str, budget: float = 1.0, out: TextIO | None = sys.s
         peak_rss_mb=round(measure.peak_rss_mb(), 1), **_report_fields(rep),
         rule_counters=_fmt_counters(dict(rep.matches)), threads=1,
     )
-    if out is not None:
-        print(f"  {egg_arm(budget)} on {name} (optimize only, no Inductor): {optimize_s:.2f} s, "
-              f"cost {rep.cost_before:.1f} -> {rep.cost_after:.1f}, {rep.stop_reason}", file=out, flush=True)
+    print(f"  {egg_arm(budget)} on {name} (optimize only, no Inductor): {optimize_s:.2f} s, "
+          f"cost {rep.cost_before:.1f} -> {rep.cost_after:.1f}, {rep.stop_reason}", file=out or sys.stdout, flush=True)
     return row
 
 
@@ -410,16 +410,17 @@ def _truthy(v: Any) -> bool:
     return v is True or str(v).lower() == "true"
 
 
-def print_table(rows: list[dict], out: TextIO = sys.stdout) -> None:
+def print_table(rows: list[dict], out: TextIO | None = None) -> None:
     """The compare table: one line per arm."""
     if not rows:
         return
+    out = out or sys.stdout
     r0 = rows[0]
     print(f"\n{r0['model']} ({r0['mode']}), {r0['fx_nodes']} FX nodes, 1 torch thread, "
           f"{r0['rounds']} interleaved rounds", file=out)
     head = (f"{'arm':<20}{'launches':>9}{'extern':>7}{'kernels':>8}{'pred':>7}{'optimize s':>11}"
             f"{'compile s':>10}{'total s':>9}{'median ms':>10}{'vs ind.':>8}{'RSS MB':>8}{'e-nodes':>8}"
-            f"  {'stop':<10}values")
+            f"  {'stop':<11}values")
     print(head, file=out)
     print("-" * len(head), file=out)
     for r in rows:
@@ -429,7 +430,7 @@ def print_table(rows: list[dict], out: TextIO = sys.stdout) -> None:
         print(f"{r['arm']:<20}{_num(r['launches'], 'g'):>9}{_num(r['extern'], 'g'):>7}{_num(r['kernels'], 'g'):>8}"
               f"{_num(r['pred_launches'], '.2f'):>7}{_num(r['optimize_s'], '.2f'):>11}{_num(r['compile_s'], '.2f'):>10}"
               f"{_num(r['total_compile_s'], '.2f'):>9}{_num(r['median_ms'], '.3f'):>10}{_num(r['ratio'], '.2f'):>8}"
-              f"{_num(r['peak_rss_mb'], '.0f'):>8}{_num(r['egraph_nodes'], 'g'):>8}  {str(r['stop_reason'] or '-'):<10}"
+              f"{_num(r['peak_rss_mb'], '.0f'):>8}{_num(r['egraph_nodes'], 'g'):>8}  {str(r['stop_reason'] or '-'):<11}"
               f"{values}", file=out)
     fired = [(r["arm"], r["rule_counters"]) for r in rows if r["rule_counters"]]
     if fired:

@@ -1,89 +1,117 @@
-"""Command line: `optimus-egg compare` (also `python -m optimus_egg compare`).
+"""Command line: `optimus-egg compare` and `optimus-egg bench` (also `python -m optimus_egg ...`).
 
-Runs one model side by side under plain Inductor, Inductor + PyTorch's Optimus, and
-optimus_egg at one or more budgets, and prints kernel launches, optimize / compile time,
-median latency (interleaved runs) and whether values match eager.
+    optimus-egg compare                                  # parallel_mlp, budget 1 s
+    optimus-egg compare --model dlrm --budgets 0.01,0.1,1,10 [--train] [--plot out.png]
+    optimus-egg bench --all [--models a,b] [--budgets 1] [--train] [--big]
+
+`compare` runs one model side by side, in one process, under plain Inductor, Inductor +
+PyTorch's Optimus, optimus_egg at each budget and the one-round ablation ("greedy_rules"),
+and prints kernel launches, optimize / compile time, median latency (interleaved runs, one
+torch thread) and whether values match eager. `bench` does that for every model, writes
+bench/results/<model>[_train].csv and .json, and regenerates the results table between the
+`<!-- bench:start -->` / `<!-- bench:end -->` markers of README.md. The suite itself lives in
+optimus_egg.bench.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from dataclasses import dataclass
-
-import torch
-import torch.fx as fx
-
-
-@dataclass
-class Arm:
-    name: str
-    launches: object
-    optimize_s: float
-    compile_s: float
-    ms: float = float("nan")
-    match: bool = False
-    fn: object = None
 
 
 def _parse_budgets(text: str) -> list[float]:
+    import math
+
     try:
         budgets = [float(b) for b in text.split(",") if b.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--budgets takes comma-separated seconds, got {text!r}") from None
-    if not budgets or any(b < 0 for b in budgets):
-        raise argparse.ArgumentTypeError("--budgets needs at least one budget, each >= 0")
+    if not budgets or any(not math.isfinite(b) or b < 0 for b in budgets):
+        raise argparse.ArgumentTypeError("--budgets needs at least one budget, each a finite number >= 0")
     return budgets
 
 
-def compare(model_name: str, budgets: list[float], train: bool, rounds: int, out=sys.stdout) -> list[Arm]:
-    from optimus_egg import measure
-    from optimus_egg.baselines import inductor_with_optimus
-    from optimus_egg.models import build
-    from optimus_egg.pipeline import optimize
-
-    model, inputs = build(model_name)
-    model.train(train)
-    inputs = list(inputs)
-    gm = fx.symbolic_trace(model)
-    with torch.set_grad_enabled(train):
-        expected = model(*inputs)
-    print(f"model {model_name}: {len(gm.graph.nodes)} FX nodes, {'training' if train else 'inference'}", file=out)
-
-    def arm(name: str, graph: fx.GraphModule, optimize_s: float) -> Arm:
-        print(f"  compiling {name} ...", file=out, flush=True)
-        c = measure.compile_inductor(graph, inputs, training=train)
-        with torch.set_grad_enabled(train):
-            match = measure.values_match(c(*inputs), expected, rtol=1e-4, atol=1e-4)
-        return Arm(name, c.launches, optimize_s, c.compile_s, match=match, fn=c)
-
-    arms = [arm("inductor", gm, 0.0)]
-    t = time.perf_counter()
-    opt = inductor_with_optimus(gm, inputs, post_grad=train)
-    arms.append(arm("optimus", opt, time.perf_counter() - t))
-    for b in budgets:
-        t = time.perf_counter()
-        egg = optimize(gm, inputs, budget_s=b)
-        arms.append(arm(f"optimus_egg@{b:g}s", egg, time.perf_counter() - t))
-        print(f"    {str(egg.meta['optimus_egg']).splitlines()[0]}", file=out)
-    with torch.set_grad_enabled(train):
-        medians = measure.interleaved_medians({a.name: a.fn for a in arms}, inputs, rounds=rounds)
-    for a in arms:
-        a.ms = medians[a.name]
-    _print_table(arms, out)
-    return arms
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    return n
 
 
-def _print_table(arms: list[Arm], out) -> None:
-    base = arms[0].ms
-    head = f"{'arm':<20}{'launches':>9}{'gemm':>6}{'kernels':>8}{'optimize s':>11}{'compile s':>10}{'median ms':>10}{'vs ind.':>8}  values"
-    print(head, file=out)
-    print("-" * len(head), file=out)
-    for a in arms:
-        L = a.launches
-        print(f"{a.name:<20}{L.total:>9}{L.extern:>6}{L.cpp + L.triton + L.fallback:>8}"
-              f"{a.optimize_s:>11.2f}{a.compile_s:>10.2f}{a.ms:>10.3f}{a.ms / base:>8.2f}  "
-              f"{'match' if a.match else 'DIFFER'}", file=out)
+def _model_list(text: str) -> list[str]:
+    from optimus_egg.models import MODELS
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown model(s) {', '.join(unknown) or '(none given)'}; valid: {', '.join(MODELS)}")
+    return names
+
+
+def _all_match(rows: list[dict]) -> bool:
+    return all(r["values_match"] is True and r["grads_match"] in ("", True) for r in rows)
+
+
+def compare(model: str, budgets: list[float], train: bool, rounds: int, plot: str | None = None,
+            results_dir: str | None = None, out=None) -> list[dict]:
+    """Run `optimus_egg.bench.run_model` and print its table (and plot / save it)."""
+    from optimus_egg import bench
+
+    out = out or sys.stdout
+
+    rows = bench.run_model(model, budgets, train=train, rounds=rounds, out=out)
+    bench.print_table(rows, out)
+    if plot:
+        print(f"plot: {bench.plot(rows, plot)}", file=out)
+    if results_dir:
+        csv_path, json_path = bench.write_results(rows, results_dir, bench.result_stem(model, train))
+        print(f"results: {csv_path}, {json_path}", file=out)
+    return rows
+
+
+def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int, big: bool,
+              results_dir: str, readme: str | None, out=None) -> int:
+    from optimus_egg import bench
+
+    out = out or sys.stdout
+    failed: list[str] = []
+    start = time.perf_counter()
+    for i, name in enumerate(models, 1):
+        print(f"\n=== [{i}/{len(models)}] {name} ({'train' if train else 'infer'}) ===", file=out, flush=True)
+        try:
+            rows = bench.run_model(name, budgets, train=train, rounds=rounds, out=out)
+        except Exception as e:  # noqa: BLE001 - one broken model must not sink the whole table
+            print(f"  FAILED: {type(e).__name__}: {e}", file=out, flush=True)
+            failed.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        bench.print_table(rows, out)
+        bench.write_results(rows, results_dir, bench.result_stem(name, train))
+        if not _all_match(rows):
+            failed.append(f"{name}: values differ from eager")
+    if big and not train:
+        print(f"\n=== {bench.BIG_MODEL}: optimus_egg at 1 s, optimize only ===", file=out, flush=True)
+        try:
+            row = bench.run_optimize_only(bench.BIG_MODEL, 1.0, out=out)
+            bench.write_results([row], results_dir, bench.BIG_MODEL)
+        except Exception as e:  # noqa: BLE001
+            print(f"  FAILED: {type(e).__name__}: {e}", file=out, flush=True)
+            failed.append(f"{bench.BIG_MODEL}: {type(e).__name__}: {e}")
+    print(f"\nbench: {len(models)} models in {time.perf_counter() - start:.0f} s; results in {results_dir}/",
+          file=out)
+    if readme:
+        rows = bench.read_results(results_dir)
+        command = "optimus-egg bench --all" + (" --big" if big else "")
+        if bench.update_readme(readme, bench.render_readme_section(rows, command)):
+            print(f"updated the results table in {readme}", file=out)
+        else:
+            print(f"{readme}: results table unchanged", file=out)
+    for f in failed:
+        print(f"FAILED {f}", file=out)
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,11 +119,39 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="optimus-egg", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+
     c = sub.add_parser("compare", help="plain Inductor vs Inductor + Optimus vs optimus_egg on one model")
-    c.add_argument("--model", default="parallel_mlp", choices=sorted(MODELS))
-    c.add_argument("--budgets", type=_parse_budgets, default=[1.0], help="comma-separated seconds (default 1)")
+    c.add_argument("--model", default="parallel_mlp", choices=list(MODELS))
+    c.add_argument("--budgets", type=_parse_budgets, default=[1.0],
+                   help="comma-separated optimus_egg budgets in seconds (default 1)")
     c.add_argument("--train", action="store_true", help="compile and time forward + backward")
-    c.add_argument("--rounds", type=int, default=50, help="interleaved timing rounds")
+    c.add_argument("--rounds", type=_positive_int, default=50, help="interleaved timing rounds (default 50)")
+    c.add_argument("--plot", metavar="PNG", help="draw launches and compile time against budget")
+    c.add_argument("--results-dir", metavar="DIR", help="also write <DIR>/<model>[_train].csv and .json")
+
+    b = sub.add_parser("bench", help="compare every model; write bench/results/ and the README table")
+    b.add_argument("--all", action="store_true",
+                   help="every model except illustrative_10k (see --big)")
+    b.add_argument("--models", type=_model_list, help="comma-separated subset of models")
+    b.add_argument("--budgets", type=_parse_budgets, default=[1.0],
+                   help="comma-separated optimus_egg budgets in seconds (default 1)")
+    b.add_argument("--train", action="store_true", help="compile and time forward + backward")
+    b.add_argument("--big", action="store_true",
+                   help="also run optimus_egg (1 s, optimize only, no Inductor) on illustrative_10k")
+    b.add_argument("--rounds", type=_positive_int, default=20, help="interleaved timing rounds (default 20)")
+    b.add_argument("--results-dir", default="bench/results", metavar="DIR")
+    b.add_argument("--readme", default="README.md", help="file holding the bench markers (default README.md)")
+    b.add_argument("--no-readme", action="store_true", help="do not touch the README")
+
     args = p.parse_args(argv)
-    arms = compare(args.model, args.budgets, args.train, args.rounds)
-    return 0 if all(a.match for a in arms) else 1
+    if args.command == "compare":
+        rows = compare(args.model, args.budgets, args.train, args.rounds, args.plot, args.results_dir)
+        return 0 if _all_match(rows) else 1
+
+    from optimus_egg.bench import default_models
+
+    if not args.all and not args.models:
+        p.error("bench: give --all or --models a,b")
+    models = args.models or default_models()
+    return run_bench(models, args.budgets, args.train, args.rounds, args.big, args.results_dir,
+                     None if args.no_readme else args.readme)

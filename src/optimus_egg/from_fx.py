@@ -221,10 +221,39 @@ def _is_view(node: fx.Node) -> bool:
     return False
 
 
+def _draws_random(node: fx.Node) -> bool:
+    """An RNG draw that Node.is_impure misses. It knows torch.rand_like & co., but not F.dropout
+    (a Python function), torch.dropout, nor a Dropout module in training mode; left unordered,
+    two such draws could be emitted in the other order and get each other's masks."""
+    if node.op == "call_module":
+        gm = node.graph.owning_module
+        mod = gm.get_submodule(node.target) if gm is not None else None
+        if isinstance(mod, torch.nn.RReLU):
+            return mod.training
+        return isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.training and mod.p != 0
+    if node.op not in ("call_function", "call_method"):
+        return False
+    name = _name(node.target).lstrip("_")
+    if "dropout" not in name and name != "rrelu":
+        return name in _RANDOM
+    if inspect.isfunction(node.target):  # F.dropout, F.alpha_dropout: defaults differ per function
+        try:
+            bound = _signature(node.target).bind(*node.args, **node.kwargs)
+        except (TypeError, ValueError):
+            return True
+        bound.apply_defaults()
+        training, p = bound.arguments.get("training", True), bound.arguments.get("p", 0.5)
+    else:  # torch.dropout(input, p, train) and its ATen overloads
+        training = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
+        p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+    return training is not False and p != 0  # an FX-computed flag counts as a draw
+
+
 def _ordered_effects(graph: fx.Graph) -> list[fx.Node]:
     """Nodes whose order must be kept, in graph order: those touching a mutated tensor or one
     of its views, and calls kept for what they do (asserts, export's guards, RNG draws)."""
-    impure = {n for n in graph.nodes if n.op in ("call_function", "call_module") and n.is_impure()}
+    impure = {n for n in graph.nodes
+              if n.op in ("call_function", "call_module", "call_method") and (n.is_impure() or _draws_random(n))}
     mutated = [n for n in graph.nodes if _is_mutation(n)]
     if not mutated:
         return [n for n in graph.nodes if n in impure]
@@ -315,7 +344,9 @@ def propagate_shapes(gm: fx.GraphModule, inputs: list) -> dict[fx.Node, Any]:
                 def run_node(self, n):
                     return keep(n, super().run_node(n))
 
-            with mode:
+            # no_grad as in the real run: with parameters requiring grad, autograd rejects an
+            # in-place write into a split piece, which inference (under no_grad) does run.
+            with mode, torch.no_grad():
                 _Fake(gm, mode).propagate_dont_convert_inputs(*fakes)
         else:
             class _Real(fx.Interpreter):
@@ -444,8 +475,18 @@ class _Lowerer:
         return _app("call", tid, _vec([*values, *deps]))
 
     def tuple_valued(self, n: fx.Node) -> bool:
-        return bool(n.users) and all(u.op == "call_function" and u.target is operator.getitem
-                                     and isinstance(u.args[1], int) for u in n.users)
+        """All users take pieces: int getitems, or a cat/stack given the whole tuple."""
+        return bool(n.users) and all(
+            (u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int))
+            or (u.op == "call_function" and (u.target in _CAT or u.target in _STACK)
+                and self.arg(u, 0, "tensors") is n)
+            for u in n.users)
+
+    def piece_count(self, n: fx.Node) -> int | None:
+        if self.kind.get(n, ("",))[0] == "n":
+            return self.kind[n][1]
+        v = self.values.get(n)
+        return len(v) if isinstance(v, (tuple, list)) else None
 
     def operand(self, a: fx.Node):
         if a in self.pieces:
@@ -492,6 +533,15 @@ class _Lowerer:
             return self.make_layer_norm(n, x, list(ns), w, b, float(eps))
         if key in _CAT or key in _STACK:
             xs, d = self.arg(n, 0, "tensors"), self.arg(n, 1, "dim", 0)
+            if isinstance(xs, fx.Node) and xs in self.pieces:  # torch.cat(torch.split(x, ...))
+                count = self.piece_count(xs)
+                if count is None:
+                    raise Unsupported(f"{n.name} takes {xs.name} whole, and its length is unknown")
+                d = self.dim(n, d)  # the output's rank fixes a negative dim for cat and stack alike
+                if d is None or not count:
+                    raise Unsupported(f"{n.name}: cannot lower {key} of a whole tuple here")
+                items = (_app("item", self.pieces[xs], i) for i in range(count))
+                return _app("stack" if key in _STACK else "cat", _vec(items), d)
             if not isinstance(xs, (list, tuple)) or not all(isinstance(a, fx.Node) for a in xs):
                 return None
             extra = 1 if key in _STACK else 0
@@ -642,6 +692,8 @@ class _Lowerer:
         if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) for s in sizes):
             return None
         self.kind[n] = ("n", len(sizes))
+        if len(set(sizes)) == 1:
+            self.facts.append(_app("even_split", _vec(sizes), sizes[0]))
         return ("pieces", _app("split", self.operand(x), _vec(sizes), d))
 
     def shape_of(self, a):

@@ -72,6 +72,14 @@ def split(x: Tensor, sizes: Vec[i64], d: i64Like) -> Pieces: ...
 def unbind(x: Tensor, d: i64Like) -> Pieces: ...
 
 
+@function(egg_fn="movedim")
+def movedim(x: Tensor, src: i64Like, dst: i64Like) -> Tensor: ...  # a view
+
+
+@function(egg_fn="unflatten")
+def unflatten(x: Tensor, d: i64Like, sizes: Vec[i64]) -> Tensor: ...  # a view
+
+
 @function(egg_fn="batched_linear")
 def batched_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
     """x [N, M, K] @ w[N, O, K]^T + b[N, O] (or no bias): one bmm / baddbmm."""
@@ -116,6 +124,11 @@ def pointwise_slot(op: i64Like, g: i64Like, out: Vec[i64], i: i64Like) -> Unit:
     """Member i of group g: independent same-shape operands group_vec(g, 0) of one pointwise op."""
 
 
+@function(egg_fn="even_split")
+def even_split(sizes: Vec[i64], s: i64Like) -> Unit:
+    """Every split size in `sizes` is `s` (seeded by from_fx)."""
+
+
 @function(egg_fn="group_vec")
 def group_vec(g: i64Like, k: i64Like) -> Vec[Tensor]:
     """Operand list k of seeded group g (written once, shared by the group's slots)."""
@@ -127,12 +140,12 @@ def pieces_from(xs: Vec[Tensor], p: Pieces, i: i64Like) -> Unit:
 
 
 __all__ = [
-    "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "f64",
+    "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "even_split", "movedim", "unflatten", "f64",
     "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "node", "pieces_from",
     "pointwise_slot", "shape", "split", "stack", "unbind",
 ]
 
 # Everything from_fx's seed program may mention, declared to egglog before it runs.
 DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
-            linear, layer_norm, cat, stack, split, unbind, batched_linear, batched_layer_norm,
+            linear, layer_norm, cat, stack, split, unbind, movedim, unflatten, even_split, batched_linear, batched_layer_norm,
             shape, node, group_vec, linear_slot, linear_lhs_slot, layer_norm_slot, pointwise_slot, pieces_from]

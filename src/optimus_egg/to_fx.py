@@ -108,6 +108,10 @@ class _Raiser:
             node = self.call(torch.stack, list(a[0]), a[1])
         elif op == "split":
             node = self.call(torch.split, a[0], list(a[1]), a[2])
+        elif op == "movedim":
+            node = self.call(torch.movedim, a[0], a[1], a[2])
+        elif op == "unflatten":
+            node = self.call(torch.unflatten, a[0], a[1], list(a[2]))
         elif op == "unbind":
             node = self.call(torch.unbind, a[0], a[1])
         elif op == "batched_linear":

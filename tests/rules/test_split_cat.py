@@ -68,3 +68,30 @@ def test_split_one_piece_needs_one_piece():
 
     after, report = optimize_with(before, split_cat, torch.randn(3, 4))
     assert not fired(report, "split-one-piece")
+
+
+def test_cat_of_split_pieces_whole_tuple():
+    def before(x):
+        return torch.cat(torch.split(x, 4, dim=1), dim=-1) * 2  # the tuple passed whole
+
+    after, report = optimize_with(before, split_cat, torch.randn(3, 16))
+    assert fired(report, "cat-of-split-pieces")
+    assert calls(after, torch.cat) == calls(after, torch.split) == 0
+
+
+def test_stack_of_split_pieces():
+    def before(x):
+        return torch.stack(torch.split(x, 4, dim=1), dim=1) + 1
+
+    after, report = optimize_with(before, split_cat, torch.randn(3, 16))
+    assert fired(report, "stack-of-split-pieces")
+    assert calls(after, torch.stack) == calls(after, torch.split) == 0
+
+
+def test_stack_of_split_pieces_needs_order():
+    def before(x):
+        a, b, c = torch.split(x, 2, dim=1)
+        return torch.stack([b, a, c], dim=0)
+
+    _, report = optimize_with(before, split_cat, torch.randn(3, 6))
+    assert not fired(report, "stack-of-split-pieces")

@@ -50,3 +50,21 @@ def test_unbind_of_stack_needs_same_dim():
 
     _, report = optimize_with(before, unbind_stack, torch.randn(3, 2), torch.randn(3, 2))
     assert not fired(report, "unbind-of-stack")
+
+
+def test_stack_of_unbind_pieces_moved():
+    def before(x):
+        return torch.stack(torch.unbind(x, dim=1), dim=0) * 2
+
+    after, report = optimize_with(before, unbind_stack, torch.randn(3, 4, 5))
+    assert fired(report, "stack-of-unbind-pieces-moved")
+    assert calls(after, torch.stack) == calls(after, torch.unbind) == 0
+
+
+def test_stack_of_unbind_pieces_moved_needs_every_piece():
+    def before(x):
+        a, b, c = torch.unbind(x, dim=1)
+        return torch.stack([a, b], dim=0), c
+
+    _, report = optimize_with(before, unbind_stack, torch.randn(2, 3, 5))
+    assert not fired(report, "stack-of-unbind-pieces-moved")
