@@ -58,41 +58,15 @@ DEFAULT = {
     "scf_split_cat_split", "scf_remove_cat",
 }
 
-_TUPLE_ARG = ("from_fx does not lower cat/stack whose argument is the tuple-valued "
-              "split/unbind node itself (symbolic_trace's form of cat(torch.split(x, ...))), "
-              "so no split/cat rule sees the pieces")
-_WALK = ("the pieces-step walk proves 'operand i is piece i' one operand per iteration, so "
-         "32 operands need 31 iterations and Limits.iterations=30 stops it first")
 
 # Graphs where optimus_egg launches more kernels than Optimus today, and why.
 MISSING: dict[str, str] = {
-    "gbf_linear_lhs": (
-        "batch_linear_lhs: N F.linear on one shared input with different output widths "
-        "(z - i % 5) are one addmm(cat(b), x, cat(W).t()) whose column blocks are the "
-        "outputs; optimus_egg's batch-linear only groups equal-shape linears, so each layer "
-        "becomes 5 baddbmm of 2 (one per width, the shared input stacked twice): 21 launches "
-        "vs Optimus's 5 (2 addmm)"),
-    "gbf_linear_lhs_nobias": (
-        "batch_linear_lhs without bias: N F.linear on one shared input are one "
-        "mm(x, cat(W).t()); optimus_egg makes 5 bmm of 2 equal-width members per layer "
-        "(21 launches vs Optimus's 5)"),
-    "scf_split_cat": f"cat(split(x, 4, 1), 1) is x: {_TUPLE_ARG}; with getitem operands "
-                     "cat-of-split-pieces already rewrites it to x (0 launches)",
-    "scf_split_stack": (
-        f"stack(split(x, 4, 1), 1) is the view x.unflatten(1, (8, 4)): no rule rewrites a "
-        f"stack of all equal-size split pieces into unflatten; and {_TUPLE_ARG}"),
     "scf_split_squeeze": (
-        "split_cat_pass split-squeeze: squeeze(split(x, 1, d)[i], d) is unbind(x, d)[i], and "
-        "then stack(unbind(x, 1), 0) is the view x.movedim(1, 0); optimus_egg has neither "
-        "rule (Optimus: 0 launches)"),
-    "scf_unbind_stack": f"stack(unbind(x, 1), 1) is x: {_TUPLE_ARG}; and {_WALK} (with 100 "
-                        "iterations stack-of-unbind-pieces fires and gives x)",
+        "split_cat_pass split-squeeze: squeeze(split(x, 1, d)[i], d) is unbind(x, d)[i]; "
+        "optimus_egg has no split-squeeze rule (Optimus: 0 launches)"),
     "scf_unbind_cat": (
-        f"cat(unbind(x, -3), 1) is the view x.flatten(1, 2): no rule rewrites a cat of all "
-        f"unbind pieces into flatten(movedim(x, d, c), c, c + 1); also {_TUPLE_ARG}, and {_WALK}"),
-    "scf_unbind_stack_dim_mismatch": (
-        f"stack(unbind(x, 1), 0) is the view x.movedim(1, 0): stack-of-unbind-pieces needs "
-        f"the stack dim to equal the unbind dim; also {_TUPLE_ARG}, and {_WALK}"),
+        "cat(unbind(x, -3), 1) is the view x.flatten(1, 2): no rule rewrites a cat of all "
+        "unbind pieces into flatten(movedim(x, d, c), c, c + 1)"),
     "scf_merge_splits_cat": (
         "merge_splits_pass: a split of a split piece is a finer split of the whole "
         "(split [4, 4, 24] then (4,)*6 -> split [4]*8), after which the cat of all pieces "
