@@ -15,7 +15,7 @@ from __future__ import annotations
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten"}
 COST = {"linear": 1.0, "batched_linear": 1.0, "layer_norm": 1.0, "batched_layer_norm": 1.0,
-        "cat": 0.25, "stack": 0.25}
+        "cat": 0.25, "stack": 0.25, "flatten": 0.25}  # flatten copies when its input is not contiguous
 ELEMENTWISE = 0.5
 VIEW_TARGETS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "movedim",
                 "squeeze", "unsqueeze", "expand", "narrow", "select", "getitem", "split", "chunk",

@@ -2,7 +2,7 @@
 from egglog import Vec, eq, i64, ne, ruleset
 
 from optimus_egg.dsl import rw
-from optimus_egg.sorts import Pieces, Tensor, movedim, pieces_from, shape, stack, unbind
+from optimus_egg.sorts import Pieces, Tensor, cat, flatten, movedim, pieces_from, shape, stack, unbind
 
 unbind_stack = ruleset(name="unbind_stack")
 
@@ -24,4 +24,10 @@ def _(x: Tensor, d: i64, e: i64, i: i64, xs: Vec[Tensor], p: Pieces):
              pieces_from(xs, p, 0),                    # guard: every operand is the matching piece
              eq(p).to(unbind(x, d)),
              ne(d).to(e),                              # guard: another dim (same dim: the rule above)
+             eq(shape(x)[d]).to(xs.length()))          # guard: no piece left out
+
+    # mirrors: unbind_cat_to_view_pass (cat of every unbind piece: a reshape of the input)
+    yield rw("cat-of-unbind-pieces", cat(xs, e), flatten(movedim(x, d, e), e, e + 1),
+             pieces_from(xs, p, 0),                    # guard: every operand is the matching piece
+             eq(p).to(unbind(x, d)),
              eq(shape(x)[d]).to(xs.length()))          # guard: no piece left out

@@ -64,9 +64,6 @@ MISSING: dict[str, str] = {
     "scf_split_squeeze": (
         "split_cat_pass split-squeeze: squeeze(split(x, 1, d)[i], d) is unbind(x, d)[i]; "
         "optimus_egg has no split-squeeze rule (Optimus: 0 launches)"),
-    "scf_unbind_cat": (
-        "cat(unbind(x, -3), 1) is the view x.flatten(1, 2): no rule rewrites a cat of all "
-        "unbind pieces into flatten(movedim(x, d, c), c, c + 1)"),
     "scf_merge_splits_cat": (
         "merge_splits_pass: a split of a split piece is a finer split of the whole "
         "(split [4, 4, 24] then (4,)*6 -> split [4]*8), after which the cat of all pieces "

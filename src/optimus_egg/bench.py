@@ -462,11 +462,15 @@ def write_results(rows: list[dict], results_dir: str | os.PathLike, stem: str) -
 
 
 def read_results(results_dir: str | os.PathLike) -> list[dict]:
-    """Every row of every bench/results/*.csv."""
+    """Every row of every suite CSV in ``results_dir`` (files with other columns, such as
+    budget_sweep.csv, are skipped)."""
     rows: list[dict] = []
     for p in sorted(Path(results_dir).glob("*.csv")):
         with open(p, newline="") as f:
-            rows.extend(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            if not {"model", "mode", "arm", "launches"} <= set(reader.fieldnames or ()):
+                continue
+            rows.extend(reader)
     return rows
 
 

@@ -530,6 +530,8 @@ class _Lowerer:
             eps = self.arg(n, 4, "eps", 1e-5)
             if not isinstance(ns, (list, tuple)):
                 return None  # a shape computed in the graph
+            if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+                return None  # Dynamo with dynamic=True lifts eps to a graph input (.item())
             return self.make_layer_norm(n, x, list(ns), w, b, float(eps))
         if key in _CAT or key in _STACK:
             xs, d = self.arg(n, 0, "tensors"), self.arg(n, 1, "dim", 0)

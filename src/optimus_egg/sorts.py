@@ -76,6 +76,10 @@ def unbind(x: Tensor, d: i64Like) -> Pieces: ...
 def movedim(x: Tensor, src: i64Like, dst: i64Like) -> Tensor: ...  # a view
 
 
+@function(egg_fn="flatten")
+def flatten(x: Tensor, start: i64Like, end: i64Like) -> Tensor: ...  # a view when x is contiguous
+
+
 @function(egg_fn="unflatten")
 def unflatten(x: Tensor, d: i64Like, sizes: Vec[i64]) -> Tensor: ...  # a view
 
@@ -140,12 +144,12 @@ def pieces_from(xs: Vec[Tensor], p: Pieces, i: i64Like) -> Unit:
 
 
 __all__ = [
-    "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "even_split", "movedim", "unflatten", "f64",
+    "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "even_split", "flatten", "movedim", "unflatten", "f64",
     "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "node", "pieces_from",
     "pointwise_slot", "shape", "split", "stack", "unbind",
 ]
 
 # Everything from_fx's seed program may mention, declared to egglog before it runs.
 DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
-            linear, layer_norm, cat, stack, split, unbind, movedim, unflatten, even_split, batched_linear, batched_layer_norm,
+            linear, layer_norm, cat, stack, split, unbind, movedim, flatten, unflatten, even_split, batched_linear, batched_layer_norm,
             shape, node, group_vec, linear_slot, linear_lhs_slot, layer_norm_slot, pointwise_slot, pieces_from]

@@ -110,6 +110,8 @@ class _Raiser:
             node = self.call(torch.split, a[0], list(a[1]), a[2])
         elif op == "movedim":
             node = self.call(torch.movedim, a[0], a[1], a[2])
+        elif op == "flatten":
+            node = self.call(torch.flatten, a[0], a[1], a[2])
         elif op == "unflatten":
             node = self.call(torch.unflatten, a[0], a[1], list(a[2]))
         elif op == "unbind":

@@ -68,3 +68,21 @@ def test_stack_of_unbind_pieces_moved_needs_every_piece():
 
     _, report = optimize_with(before, unbind_stack, torch.randn(2, 3, 5))
     assert not fired(report, "stack-of-unbind-pieces-moved")
+
+
+def test_cat_of_unbind_pieces():
+    def before(x):
+        return torch.cat(torch.unbind(x, dim=-3), dim=1) + 1
+
+    after, report = optimize_with(before, unbind_stack, torch.randn(4, 3, 5))
+    assert fired(report, "cat-of-unbind-pieces")
+    assert calls(after, torch.cat) == calls(after, torch.unbind) == 0
+
+
+def test_cat_of_unbind_pieces_needs_every_piece():
+    def before(x):
+        a, b, c = torch.unbind(x, dim=0)
+        return torch.cat([a, c], dim=0), b
+
+    _, report = optimize_with(before, unbind_stack, torch.randn(3, 2, 5))
+    assert not fired(report, "cat-of-unbind-pieces")
