@@ -104,8 +104,7 @@ def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int,
           file=out)
     if readme:
         rows = bench.read_results(results_dir)
-        command = "optimus-egg bench --all" + (" --big" if big else "")
-        if bench.update_readme(readme, bench.render_readme_section(rows, command)):
+        if bench.update_readme(readme, bench.render_readme_section(rows, results_dir)):
             print(f"updated the results table in {readme}", file=out)
         else:
             print(f"{readme}: results table unchanged", file=out)

@@ -1,0 +1,174 @@
+"""Extraction quality: greedy vs exact ILP on every bench model's saturated e-graph, and how
+well the launch cost model ranks graphs by the launches Inductor really makes.
+
+    python bench/extraction.py                  # every model but illustrative_10k
+    python bench/extraction.py --models dlrm,hstu --ilp-limit 10
+
+Part 1, per model: saturate at budget 1 s (the rules and limits optimize() uses), then
+extract with extract.greedy and with extract.ilp (HiGHS, --ilp-limit seconds, default 10).
+Printed: both objectives (launch cost + 0.001 per chosen node, the tie-breaker both
+extractors minimize), the launch part alone, and greedy / ILP (1.000 = greedy is optimal;
+above 1 = greedy loses; an ILP stopped by its time limit is only an upper bound, marked *).
+
+Part 2, Spearman rank correlation between predicted and measured launches over every
+(model, arm) of the inference results in bench/results/<model>.csv (run
+`optimus-egg bench --all` first). Predicted = what optimize() would report as cost_after,
+re-derived here: the greedy DAG cost of the arm's extraction with the EPS tie-breakers
+removed (plain Inductor: the unsaturated graph; optimus_egg@b: saturation at budget b;
+greedy_rules: one saturation round), with optimize()'s never-worse rule. Budget-limited
+searches are re-run, so they may stop at another iteration than the measured run did. A
+second figure uses the suite's own pred_launches column (the cost model evaluated on each
+arm's output graph, Optimus's included). Spearman is computed with numpy (scipy is not
+installed): Pearson correlation of average ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.fx as fx
+
+from optimus_egg.bench import GREEDY_RULES, default_models, read_results, spearman
+from optimus_egg.extract.graph import serialize
+from optimus_egg.extract.greedy import greedy
+from optimus_egg.extract.ilp import ilp
+from optimus_egg.from_fx import check_inputs, from_fx
+from optimus_egg.models import build
+from optimus_egg.pipeline import node_cost
+from optimus_egg.rules import RULESETS, SCHEDULE_ORDER
+from optimus_egg.saturate import Limits, saturate
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def launches(g, cost, ex) -> float:
+    """An extraction's launch cost without the EPS tie-breakers."""
+    return float(sum(cost(g.nodes[k]) for k in ex.choice.values()))
+
+
+def traced(name: str):
+    model, inputs = build(name)
+    model.eval()
+    gm = fx.symbolic_trace(model)
+    return gm, check_inputs(gm, list(inputs))
+
+
+def saturated(gm, inputs, budget_s: float, limits: Limits | None = None):
+    """The pipeline up to extraction: (before, after) as (graph, cost fn, greedy extraction)."""
+    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0)
+    g0 = serialize(lowered.egraph)
+    c0 = node_cost(lowered, g0)
+    before = (g0, c0, greedy(g0, c0))
+    if budget_s == 0:
+        return before, before, None
+    rulesets = {n: RULESETS[n] for n in SCHEDULE_ORDER}
+    sat = saturate(lowered.egraph, rulesets, limits or Limits(), time.perf_counter() + budget_s)
+    g1 = serialize(lowered.egraph)
+    c1 = node_cost(lowered, g1)
+    return before, (g1, c1, greedy(g1, c1)), sat
+
+
+def predicted(gm, inputs, budget_s: float, limits: Limits | None = None) -> float:
+    before, after, _ = saturated(gm, inputs, budget_s, limits)
+    if after[2].cost >= before[2].cost - 1e-9:  # optimize() keeps the input graph
+        return launches(*before)
+    return launches(*after)
+
+
+def part1(models: list[str], ilp_limit: float) -> None:
+    print(f"Part 1: greedy vs ILP on the e-graph saturated at budget 1 s (ILP limit {ilp_limit:g} s)")
+    head = (f"{'model':<17}{'e-nodes':>8}{'classes':>8}  {'stop':<10}{'greedy':>9}{'ILP':>10}{'greedy/ILP':>11}"
+            f"{'greedy L':>9}{'ILP L':>7}{'greedy s':>9}{'ILP s':>7}")
+    print(head + "\n" + "-" * len(head), flush=True)
+    ratios = []
+    for name in models:
+        gm, inputs = traced(name)
+        _, (g, cost, gr), sat = saturated(gm, inputs, 1.0)
+        t = time.perf_counter()
+        greedy(g, cost)
+        greedy_s = time.perf_counter() - t
+        res = ilp(g, cost, ilp_limit)
+        n_nodes = sum(len(v) for v in g.classes.values())
+        if res.extraction is None:
+            print(f"{name:<17}{n_nodes:>8}{len(g.classes):>8}  {sat.stop_reason:<10}{gr.cost:>9.3f}"
+                  f"{'none':>10}{'-':>11}{launches(g, cost, gr):>9.2f}{'-':>7}{greedy_s:>9.2f}{res.seconds:>7.1f}",
+                  flush=True)
+            continue
+        ratio = gr.cost / res.extraction.cost
+        ratios.append(ratio)
+        mark = "" if res.optimal else "*"
+        print(f"{name:<17}{n_nodes:>8}{len(g.classes):>8}  {sat.stop_reason:<10}{gr.cost:>9.3f}"
+              f"{res.extraction.cost:>9.3f}{mark:1}{ratio:>11.3f}{launches(g, cost, gr):>9.2f}"
+              f"{launches(g, cost, res.extraction):>7.2f}{greedy_s:>9.2f}{res.seconds:>7.1f}", flush=True)
+    if ratios:
+        print(f"greedy/ILP: geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}, "
+              f"worst {max(ratios):.4f}  (* = ILP hit its time limit: not proven optimal)\n")
+
+
+def part2(models: list[str]) -> None:
+    rows = [r for r in read_results(RESULTS) if r["mode"] == "infer" and r["model"] in models and r["launches"]]
+    if not rows:
+        print(f"Part 2: no inference results in {RESULTS}; run `optimus-egg bench --all` first")
+        return
+    print(f"Part 2: predicted vs Inductor-measured launches ({len(rows)} inference rows from {RESULTS})")
+    pairs, pairs_col = [], []
+    per_model: dict[str, list[tuple[float, float]]] = {}
+    head = f"{'model':<17}{'arm':<20}{'predicted':>10}{'pred_launches':>14}{'measured':>9}"
+    print(head + "\n" + "-" * len(head), flush=True)
+    cache: dict[str, tuple] = {}
+    for r in rows:
+        name, arm = r["model"], r["arm"]
+        if name not in cache:
+            cache[name] = traced(name)
+        gm, inputs = cache[name]
+        if arm == "inductor":
+            pred = predicted(gm, inputs, 0.0)
+        elif arm.startswith("optimus_egg@"):
+            pred = predicted(gm, inputs, float(arm[len("optimus_egg@"):-1]))
+        elif arm == GREEDY_RULES:
+            pred = predicted(gm, inputs, 1.0, Limits(iterations=1))
+        else:
+            pred = math.nan  # Optimus's graph has no optimize() report
+        measured = float(r["launches"])
+        col = float(r["pred_launches"]) if r.get("pred_launches") not in (None, "", "nan") else math.nan
+        if not math.isnan(pred):
+            pairs.append((pred, measured))
+            per_model.setdefault(name, []).append((pred, measured))
+        if not math.isnan(col):
+            pairs_col.append((col, measured))
+        print(f"{name:<17}{arm:<20}{pred:>10.2f}{col:>14.2f}{measured:>9.0f}", flush=True)
+    rho = spearman([p for p, _ in pairs], [m for _, m in pairs])
+    rho_col = spearman([p for p, _ in pairs_col], [m for _, m in pairs_col])
+    within = {m: spearman([p for p, _ in v], [x for _, x in v]) for m, v in per_model.items()}
+    defined = [v for v in within.values() if not math.isnan(v)]
+    print(f"\nSpearman(predicted cost_after, measured launches), Inductor + optimus_egg arms, "
+          f"n={len(pairs)}: {rho:.3f}")
+    print(f"Spearman(pred_launches column, measured launches), every arm incl. Optimus, n={len(pairs_col)}: "
+          f"{rho_col:.3f}")
+    print("within each model (arms only; nan = all arms tie): "
+          + ", ".join(f"{m} {v:.2f}" for m, v in within.items())
+          + (f"; mean of defined {sum(defined) / len(defined):.3f}" if defined else ""))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(default_models()))
+    ap.add_argument("--ilp-limit", type=float, default=10.0, help="ILP time limit per model, seconds")
+    ap.add_argument("--skip-ilp", action="store_true")
+    ap.add_argument("--skip-spearman", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    models = [m for m in args.models.split(",") if m]
+    if not args.skip_ilp:
+        part1(models, args.ilp_limit)
+    if not args.skip_spearman:
+        part2(models)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

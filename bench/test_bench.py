@@ -1,0 +1,51 @@
+"""pytest-benchmark: optimus_egg.optimize() per bench model at budget 1 s.
+
+    pytest bench/ --benchmark-only                                   # table on the terminal
+    pytest bench/ --benchmark-only --benchmark-json=bench/results/optimize.json
+    OPTIMUS_EGG_BENCH_BIG=1 pytest bench/ --benchmark-only           # adds illustrative_10k (~20 s a round)
+
+Not part of `pytest tests` (pyproject's testpaths is tests/). Each round optimizes a fresh
+trace of the model with one torch thread; extra_info carries the report (launch cost before
+and after, e-graph size, stop reason) so the saved JSON says what each timing bought.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.fx as fx
+
+from optimus_egg import optimize
+from optimus_egg.bench import BIG_MODEL, default_models
+from optimus_egg.models import build
+
+BUDGET_S = 1.0
+MODELS = default_models() + ([BIG_MODEL] if os.environ.get("OPTIMUS_EGG_BENCH_BIG") else [])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_optimize(benchmark, name):
+    model, inputs = build(name)
+    model.eval()
+    gm = fx.symbolic_trace(model)
+    rounds = 1 if name == BIG_MODEL else 3
+    out = benchmark.pedantic(optimize, args=(gm, list(inputs)), kwargs={"budget_s": BUDGET_S},
+                             rounds=rounds, iterations=1, warmup_rounds=0)
+    report = out.meta["optimus_egg"]
+    benchmark.extra_info.update(
+        model=name, fx_nodes=len(gm.graph.nodes), budget_s=BUDGET_S,
+        cost_before=report.cost_before, cost_after=report.cost_after, changed=report.changed,
+        egraph_nodes=report.egraph_nodes, iterations=report.iterations, stop_reason=report.stop_reason,
+        timings={k: round(v, 4) for k, v in report.timings.items()},
+    )
+    assert report.fallback is None, report.fallback
+    assert report.cost_after <= report.cost_before + 1e-9

@@ -1,0 +1,55 @@
+"""`optimus-egg compare`: a fast end-to-end smoke run, and argument errors."""
+import pytest
+
+from optimus_egg.cli import main
+
+
+def test_compare_smoke_runs_every_arm_and_values_match(capsys):
+    code = main(["compare", "--model", "parallel_mlp", "--budgets", "0.5", "--rounds", "3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for arm in ("inductor", "optimus", "optimus_egg@0.5s", "greedy_rules"):
+        assert arm in out
+    assert "match" in out and "DIFFER" not in out
+    assert "1 torch thread" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--budgets", "-1"],
+    ["compare", "--budgets", "abc"],
+    ["compare", "--budgets", ""],
+    ["compare", "--rounds", "0"],
+    ["compare", "--model", "no_such_model"],
+    ["bench"],
+    ["bench", "--models", "no_such_model"],
+])
+def test_bad_arguments_exit_nonzero(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code not in (0, None)
+    assert capsys.readouterr().err  # argparse explains what was wrong
+
+
+def test_spearman_average_ranks_for_ties():
+    from optimus_egg.bench import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # scipy.stats.spearmanr([1, 2, 2, 3], [1, 3, 2, 4]) == 0.9486832980505138
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(0.9486832980505138)
+    assert spearman([1, 1, 1], [1, 2, 3]) != spearman([1, 1, 1], [1, 2, 3])  # undefined: nan
+
+
+def test_update_readme_replaces_only_the_marked_section(tmp_path):
+    from optimus_egg.bench import README_END, README_START, update_readme
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nbefore\n\n{README_START}\nold table\n{README_END}\n\nafter\n")
+    assert update_readme(readme, f"{README_START}\nnew table\n{README_END}")
+    assert readme.read_text() == f"# title\n\nbefore\n\n{README_START}\nnew table\n{README_END}\n\nafter\n"
+    assert not update_readme(readme, f"{README_START}\nnew table\n{README_END}")
+
+    bare = tmp_path / "BARE.md"
+    bare.write_text("# title\n")
+    assert update_readme(bare, f"{README_START}\nt\n{README_END}")
+    assert bare.read_text() == f"# title\n\n## Benchmarks\n\n{README_START}\nt\n{README_END}\n"

@@ -1,0 +1,418 @@
+"""Reliability: mutation and aliasing, dynamic shapes, dtypes, training (dropout, gradients)
+and a 50,000-node graph.
+
+The verify=True fallback is tested in tests/test_pipeline.py.
+"""
+from __future__ import annotations
+
+import resource
+import time
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+import optimus_egg
+import optimus_egg.pipeline as pipeline
+from optimus_egg import ops
+from optimus_egg.testing import calls
+
+
+def _run(gm, inputs, seed=0):
+    """Outputs and the inputs after the call (a graph may write into them), from a fixed seed."""
+    inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return gm(*inputs), inputs
+
+
+def _optimize_exact(fn, *inputs, budget_s=1.0):
+    """Trace, optimize (strict), and check outputs and mutated inputs are bitwise the traced graph's."""
+    gm = fn if isinstance(fn, fx.GraphModule) else fx.symbolic_trace(fn)
+    before = [x.clone() for x in inputs]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out = optimus_egg.optimize(gm, list(inputs), budget_s, strict=True)
+    torch.testing.assert_close(list(inputs), before, rtol=0, atol=0)  # optimize leaves inputs alone
+    torch.testing.assert_close(_run(out, inputs), _run(gm, inputs), rtol=0, atol=0, equal_nan=True)
+    return out, out.meta["optimus_egg"]
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def reports(monkeypatch):
+    """Reports of every optimize call the torch.compile backend makes."""
+    seen = []
+    real = pipeline.optimize
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out.meta["optimus_egg"])
+        return out
+
+    monkeypatch.setattr(pipeline, "optimize", spy)
+    return seen
+
+
+# ---- mutation and aliasing (mirrors PyTorch's test_split_cat_merge_mutation) -----------------
+
+def _split_cat(x):
+    s = torch.split(x, 4, dim=1)
+    return torch.cat(s, dim=1) + 1
+
+
+def _copy_into_piece(x):
+    s = torch.split(x, 4, dim=1)
+    s[1].copy_(s[0])
+    return torch.cat(s, dim=1)
+
+
+def _add_into_piece(x):
+    y = x * 2
+    s = torch.split(y, 4, dim=1)
+    s[2].add_(1.0)
+    return torch.cat(s, dim=1)
+
+
+def _index_put_into_piece(x):
+    s = torch.split(x, 4, dim=1)
+    s[1].index_put_((torch.tensor([0, 2]),), torch.ones(4))
+    return torch.cat(s, dim=1)
+
+
+def _piece_written_after_cat(x):
+    s = torch.split(x, 4, dim=1)
+    c = torch.cat(s, dim=1)  # reads the pieces before the write: c is not x afterwards
+    s[0].add_(1.0)
+    return c
+
+
+def _base_written_after_cat(x):
+    y = x.clone()
+    s = torch.split(y, 4, dim=1)
+    c = torch.cat(s, dim=1)
+    y.mul_(2.0)  # writes every piece through their base
+    return c, y
+
+
+def _write_through_view_of_piece(x):
+    y = x.clone()
+    s = torch.split(y, 2, dim=0)
+    v = s[0].view(-1)
+    v.add_(1.0)
+    return torch.cat(s, dim=0) * 2
+
+
+def _view_of_written_piece(x):
+    s = torch.split(x, 4, dim=1)
+    s[1].mul_(2.0)
+    v = s[1].transpose(0, 1)
+    return torch.cat(s, dim=1), v.sum(0)
+
+
+def _unbind_stack_written(x):
+    s = torch.unbind(x.view(x.shape[0], 3, 4), 1)
+    s[0].mul_(3.0)
+    return torch.stack(s, 1)
+
+
+MUTATIONS = {
+    "copy_into_piece": _copy_into_piece,
+    "add_into_piece": _add_into_piece,
+    "index_put_into_piece": _index_put_into_piece,
+    "piece_written_after_cat": _piece_written_after_cat,
+    "base_written_after_cat": _base_written_after_cat,
+    "write_through_view_of_piece": _write_through_view_of_piece,
+    "view_of_written_piece": _view_of_written_piece,
+}
+
+
+def test_split_cat_without_mutation_fires():
+    """The control: the same split -> cat without a write is removed."""
+    out, report = _optimize_exact(_split_cat, torch.randn(4, 12))
+    assert report.matches.get("cat-of-split-pieces", 0) > 0
+    assert calls(out, torch.cat) == 0
+
+
+@pytest.mark.parametrize("case", list(MUTATIONS))
+def test_split_cat_with_mutation_does_not_fire(case):
+    _, report = _optimize_exact(MUTATIONS[case], torch.randn(4, 12))
+    assert report.matches.get("cat-of-split-pieces", 0) == 0
+
+
+def test_unbind_stack_with_mutation_does_not_fire():
+    _, report = _optimize_exact(_unbind_stack_written, torch.randn(4, 12))
+    assert report.matches.get("stack-of-unbind-pieces", 0) == 0
+
+
+class _ParallelWithWrite(nn.Module):
+    """Parallel linears over split pieces, one piece written in place first."""
+
+    def __init__(self, n=4, d=8):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+        self.n, self.d = n, d
+
+    def forward(self, x):
+        s = torch.split(x, self.d, dim=1)
+        s[1].mul_(0.5)  # the input itself changes
+        return torch.cat([torch.relu(self.ls[i](s[i])) for i in range(self.n)], dim=1)
+
+
+def test_write_into_a_group_member_input():
+    gm = fx.symbolic_trace(_ParallelWithWrite().eval())
+    x = torch.randn(5, 32)
+    before = x.clone()
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    (got, got_in), (want, want_in) = _run(out, [x]), _run(gm, [x])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_in, want_in, rtol=0, atol=0)
+
+
+class _WriteIntoPieceOfParamOutput(nn.Module):
+    """An in-place write into a split piece of a value computed from parameters: inference
+    (under no_grad) runs it, so the optimizer must accept it even though the parameters
+    require grad (autograd would reject the write with grad enabled)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        s = torch.split(self.lin(x), 4, dim=1)
+        s[0].add_(1.0)
+        return torch.cat([s[0], s[1]], dim=1)
+
+
+def test_write_into_piece_of_parameter_output():
+    _, report = _optimize_exact(fx.symbolic_trace(_WriteIntoPieceOfParamOutput().eval()), torch.randn(3, 8))
+    assert report.fallback is None and report.matches.get("cat-of-split-pieces", 0) == 0
+
+
+# ---- dynamic shapes ---------------------------------------------------------------------------
+
+class _Parallel(nn.Module):
+    def __init__(self, n=4, d=8, act=torch.tanh):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+        self.n, self.d, self.act = n, d, act
+
+    def forward(self, x):
+        xs = torch.split(x, self.d, dim=1)
+        ys = [self.norms[i](self.act(self.ls[i](xs[i]))) for i in range(self.n)]
+        zs = torch.split(torch.cat(ys, dim=1), self.d, dim=1)
+        return torch.cat([zs[i] for i in range(self.n)], dim=1) * 2
+
+
+def _capture(model, x, **compile_kwargs):
+    captured = []
+
+    def capture_backend(gm, example_inputs):
+        captured.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=capture_backend, fullgraph=True, **compile_kwargs)(x)
+    (gm, example_inputs), = captured
+    return gm, example_inputs
+
+
+def test_dynamic_shapes_graph(fresh_dynamo):
+    torch.manual_seed(0)
+    model = _Parallel().eval()
+    gm, inputs = _capture(model, torch.randn(5, 32), dynamic=True)
+    assert any(isinstance(x, torch.SymInt) for x in inputs) or any(
+        isinstance(n.meta.get("example_value"), torch.SymInt) for n in gm.graph.nodes), "no symbolic size"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out = optimus_egg.optimize(gm, inputs, 1.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.fallback is None  # rules that need static shapes skip; nothing fails
+    with torch.no_grad():
+        torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=1e-4, atol=1e-5)
+        # The same graph at another batch size: the symbolic size and x change together.
+        k = next(i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == 32)
+        x7 = torch.randn(7, 32)
+        other = [7 if isinstance(v, (int, torch.SymInt)) else x7 if i == k else v for i, v in enumerate(inputs)]
+        got = out(*other)
+        torch.testing.assert_close(got, gm(*other), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got[0], model(x7), rtol=1e-4, atol=1e-5)
+
+
+# ---- dtypes -----------------------------------------------------------------------------------
+
+_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
+        torch.float16: dict(rtol=1e-3, atol=1e-3)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_dtypes_optimize(dtype):
+    torch.manual_seed(0)
+    model = _Parallel(n=6, d=16, act=torch.relu).eval()
+    for norm in model.norms:  # an affine that is not the identity
+        nn.init.normal_(norm.weight, 1.0, 0.5)
+        nn.init.normal_(norm.bias, 0.0, 0.5)
+    x64 = torch.randn(64, 96, dtype=torch.float64) * 3
+    with torch.no_grad():
+        exact = fx.symbolic_trace(model.double())(x64)
+    model, x = model.to(dtype), x64.to(dtype)
+    gm = fx.symbolic_trace(model)
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.changed and calls(out, ops.batched_linear) == 1 and calls(out, ops.batched_layer_norm) == 1
+    with torch.no_grad():
+        got, want = out(x), gm(x)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want, **_TOL[dtype])
+    # No less accurate than the ops it replaces (measured against float64).
+    err_got, err_want = (got.double() - exact).abs().mean(), (want.double() - exact).abs().mean()
+    assert err_got <= 1.05 * err_want + 1e-7, f"optimized error {err_got:.3g} vs original {err_want:.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_dtypes_compile(dtype, fresh_dynamo, reports):
+    torch.manual_seed(0)
+    model = _Parallel(n=6, d=16, act=torch.relu).to(dtype).eval()
+    x = torch.randn(8, 96, dtype=dtype)
+    with torch.no_grad():
+        got = torch.compile(model, backend="optimus_egg")(x)
+        want = model(x)
+    assert reports and reports[0].changed and reports[0].matches.get("batch-linear", 0) >= 6
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want, **_TOL[dtype])
+
+
+# ---- training -----------------------------------------------------------------------------------
+
+class _ParallelDropout(nn.Module):
+    """Parallel branches, each with its own Dropout(0.5), built in reverse order so the RNG
+    draws' order differs from the output order (an extraction walking the outputs would swap
+    the masks)."""
+
+    def __init__(self, n=4, d=8, linear=True):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(n)) if linear else None
+        self.drops = nn.ModuleList(nn.Dropout(0.5) for _ in range(n))
+        self.n, self.d = n, d
+
+    def forward(self, x):
+        xs = torch.split(x, self.d, dim=1)
+        hs = [None] * self.n
+        for i in reversed(range(self.n)):
+            h = self.ls[i](xs[i]) if self.ls is not None else xs[i] * 2.0
+            hs[i] = F.dropout(self.drops[i](torch.relu(h)), 0.25, training=True)
+        return torch.cat(hs, dim=1)
+
+
+def _dropout_order(gm):
+    return [n.target if n.op == "call_module" else n.name for n in gm.graph.nodes
+            if (n.op == "call_module" and "drops" in n.target) or
+            (n.op == "call_function" and n.target is F.dropout)]
+
+
+def test_training_dropout_exact():
+    """Only exact ops around the dropouts: the optimized graph's output is bitwise the original's."""
+    model = _ParallelDropout(linear=False).train()
+    gm = fx.symbolic_trace(model)
+    x = torch.randn(6, 32)
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.changed, "nothing batched: the test would not test anything"
+    assert [t for t in _dropout_order(out) if isinstance(t, str) and t.startswith("drops")] == \
+        [f"drops.{i}" for i in reversed(range(4))]
+    for seed in (0, 1, 2):
+        torch.testing.assert_close(_run(out, [x], seed), _run(gm, [x], seed), rtol=0, atol=0)
+
+
+def test_training_dropout_masks_with_batched_linears():
+    model = _ParallelDropout(linear=True).train()
+    gm = fx.symbolic_trace(model)
+    x = torch.randn(6, 32)
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    assert calls(out, ops.batched_linear) == 1, "the linears were not batched"
+    assert calls(out, nn.Dropout) == 4 and calls(out, F.dropout) == 4  # each draw stays its own
+    for seed in (0, 1):
+        (got, _), (want, _) = _run(out, [x], seed), _run(gm, [x], seed)
+        assert torch.equal(got == 0, want == 0), "dropout masks differ"
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+class _SharedWeightTraining(nn.Module):
+    """Parallel branches sharing one F.linear weight, own LayerNorms, dropout: gradients
+    accumulate into the shared weight from every branch."""
+
+    def __init__(self, n=4, d=16):
+        super().__init__()
+        self.shared = nn.Linear(d, d)
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+        self.own = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+        self.n, self.d = n, d
+
+    def forward(self, x):
+        xs = torch.split(x, self.d, dim=1)
+        hs = [None] * self.n
+        for i in reversed(range(self.n)):
+            h = torch.tanh(F.linear(xs[i], self.shared.weight, self.shared.bias))
+            hs[i] = F.dropout(self.norms[i](self.own[i](h)), 0.3, training=self.training)
+        return torch.cat(hs, dim=1)
+
+
+def test_training_gradients_through_compile(fresh_dynamo, reports):
+    """One torch.compile(backend="optimus_egg") in training mode: forward values and every
+    gradient equal eager's. fallback_random makes Inductor draw dropout masks from the eager
+    RNG in graph order, so a reordered draw would show up as a different mask."""
+    torch.manual_seed(0)
+    model, x = _SharedWeightTraining(), torch.randn(8, 64)
+    ref = _SharedWeightTraining()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="optimus_egg")
+    with torch._inductor.config.patch(fallback_random=True):
+        torch.manual_seed(1)
+        got = compiled(x)
+        got.square().sum().backward()
+    assert reports and reports[0].changed, "the training graph was not rewritten"
+    assert reports[0].matches.get("batch-linear", 0) >= 4
+    torch.manual_seed(1)
+    want = ref(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=5e-5, msg=lambda s: f"{name}: {s}")
+
+
+# ---- big inputs -----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_fifty_thousand_node_graph():
+    """~50k FX nodes (features=256, depth=4, layers=14): budget 1 returns without an exception;
+    it may fall back (with a warning) or improve less than a longer search would."""
+    from optimus_egg.models.generator import expected_node_count, illustrative
+
+    cfg = dict(features=256, depth=4, layers=14)
+    t0 = time.perf_counter()
+    model, inputs = illustrative(**cfg)
+    gm = fx.symbolic_trace(model.eval())
+    assert len(gm.graph.nodes) == expected_node_count(**cfg) == 50_207
+    t1 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = optimus_egg.optimize(gm, list(inputs), budget_s=1.0)
+    t2 = time.perf_counter()
+    report = out.meta["optimus_egg"]
+    with torch.no_grad():
+        torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=1e-4, atol=1e-5)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\n50k nodes: build+trace {t1 - t0:.1f} s, optimize {t2 - t1:.1f} s, "
+          f"check {time.perf_counter() - t2:.1f} s, peak RSS {rss:.0f} MiB\n{report}")
