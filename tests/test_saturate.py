@@ -37,7 +37,7 @@ def test_saturates_and_says_so():
 def test_node_limit_rolls_back_the_iteration():
     lw = lowered()
     start = egraph_nodes(lw.egraph)
-    rep = saturate(lw.egraph, {"boom": boom}, Limits(iterations=100, node_limit=start + 200),
+    rep = saturate(lw.egraph, {"boom": boom}, Limits(iterations=100, node_limit=start + 200, growth_limit=1.0),
                    time.perf_counter() + 60)
     assert rep.stop_reason == "node_limit" and rep.rolled_back
     assert egraph_nodes(lw.egraph) <= start + 200  # the iteration that crossed it was undone
@@ -76,3 +76,10 @@ def test_larger_budgets_are_never_worse():
     assert all(a >= b for a, b in zip(costs, costs[1:])), costs
     with torch.no_grad():
         assert costs[-1] < costs[0]
+
+
+def test_node_limit_scales_with_the_seeded_graph():
+    lw = lowered()
+    start = egraph_nodes(lw.egraph)
+    rep = saturate(lw.egraph, RULESETS, Limits(node_limit=10, growth_limit=4.0), time.perf_counter() + 30)
+    assert rep.stop_reason == "saturated" and egraph_nodes(lw.egraph) <= 4 * start

@@ -143,6 +143,8 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     report.timings["saturate"] = sat.seconds
     report.iterations, report.stop_reason = sat.iterations, sat.stop_reason
     report.matches = dict(sat.matches)
+    if sat.iterations == 0:
+        return gm  # nothing was added: the input is already the best extraction
 
     t = time.perf_counter()
     g1 = serialize(lowered.egraph)

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Limits:
     iterations: int = 30
-    node_limit: int = 200_000   # e-nodes across all tables; 10k-node FX graphs seed ~60k
+    node_limit: int = 200_000   # e-nodes across all tables; 10k-node FX graphs seed ~35k
+    growth_limit: float = 4.0   # ... or this many times the seeded size, whichever is larger
 
 
 @dataclass
@@ -42,6 +43,7 @@ def egraph_nodes(egraph: EGraph) -> int:
 
 def saturate(egraph: EGraph, rulesets: dict[str, Ruleset], limits: Limits, deadline: float) -> SaturationReport:
     rep = SaturationReport(nodes=egraph_nodes(egraph))
+    start_nodes = rep.nodes
     start = time.perf_counter()
     if not rulesets:
         rep.stop_reason = "saturated"
@@ -64,7 +66,7 @@ def saturate(egraph: EGraph, rulesets: dict[str, Ruleset], limits: Limits, deadl
         report = egraph.run(schedule)
         last_s = time.perf_counter() - t0
         size = egraph_nodes(egraph)
-        if size > limits.node_limit:
+        if size > max(limits.node_limit, limits.growth_limit * start_nodes):
             egraph.pop()
             rep.stop_reason, rep.rolled_back = "node_limit", True
             break
