@@ -68,3 +68,27 @@ def test_backend_by_name_training_gradients_match_eager(monkeypatch):
     ref(x).square().sum().backward()
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")
+
+
+def test_eight_parallel_linears_launch_one_gemm():
+    from optimus_egg.measure import compile_inductor
+    from optimus_egg.testing import calls
+
+    class Eight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ls = nn.ModuleList(nn.Linear(16, 16) for _ in range(8))
+
+        def forward(self, x):
+            xs = torch.unbind(x, dim=0)
+            return [self.ls[i](xs[i]) for i in range(8)]
+
+    torch.manual_seed(0)
+    m, x = Eight().eval(), torch.randn(8, 4, 16)
+    gm = torch.fx.symbolic_trace(m)
+    fast = optimus_egg.optimize(gm, [x], budget_s=5.0, strict=True)
+    plain, egg = compile_inductor(gm, [x]), compile_inductor(fast, [x])
+    assert plain.launches.extern == 8 and egg.launches.extern == 1
+    with torch.no_grad():
+        torch.testing.assert_close(egg(x), m(x))
+    assert calls(fast, nn.Linear) == 0
