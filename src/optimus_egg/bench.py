@@ -45,6 +45,8 @@ from typing import Any, Callable, Iterable, Sequence, TextIO
 import torch
 import torch.fx as fx
 
+from optimus_egg.measure import _tensors
+
 __all__ = [
     "COLUMNS",
     "GREEDY_RULES",
@@ -111,17 +113,6 @@ def one_thread():
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _tensors(x: Any) -> Iterable[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensors(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _tensors(y)
 
 
 def _detach(x: Any) -> Any:
