@@ -1,4 +1,3 @@
-import torch
 import torch.fx as fx
 
 from optimus_egg import ops

@@ -1,9 +1,8 @@
 """Bounded saturation: node-limit rollback, the deadline under an exploding rule, stop reasons."""
 import time
 
-import torch
 import torch.fx as fx
-from egglog import Vec, eq, i64, rule, ruleset, union
+from egglog import eq, i64, rule, ruleset, union
 
 import optimus_egg
 from optimus_egg.from_fx import from_fx
@@ -74,8 +73,7 @@ def test_larger_budgets_are_never_worse():
     costs = [optimus_egg.optimize(gm, list(inputs), budget_s=b).meta["optimus_egg"].cost_after
              for b in (0.0, 0.001, 0.05, 2.0)]
     assert all(a >= b for a, b in zip(costs, costs[1:])), costs
-    with torch.no_grad():
-        assert costs[-1] < costs[0]
+    assert costs[-1] < costs[0]
 
 
 def test_node_limit_scales_with_the_seeded_graph():

@@ -40,7 +40,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 import torch
 import torch.fx as fx

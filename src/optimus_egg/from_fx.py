@@ -103,7 +103,6 @@ class Lowered:
     exprs: dict[fx.Node, Any]
     groups: dict[str, int] = field(default_factory=dict)
     shapes: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
-    frozen: bool = False
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -375,11 +374,9 @@ def _depths(graph: fx.Graph) -> dict[fx.Node, int]:
 # ---- lowering ------------------------------------------------------------------------
 
 class _Lowerer:
-    def __init__(self, gm: fx.GraphModule, values: dict, training: bool, freeze: bool):
+    def __init__(self, gm: fx.GraphModule, values: dict):
         self.gm = gm
         self.values = values
-        self.training = training
-        self.freeze = freeze
         self.egraph = EGraph()
         self.nodes: list[fx.Node] = []
         self.templates: list[Template] = []
@@ -418,11 +415,6 @@ class _Lowerer:
         args = fx.node.map_aggregate(node.args, sub)
         kwargs = fx.node.map_aggregate(dict(node.kwargs), sub)
         return tuple(args), dict(kwargs), operands
-
-    def value(self, n: fx.Node):
-        if n in self.expr:
-            return self.expr[n]
-        raise Unsupported(f"node {n.name} used as a value but it produces a tuple that was lowered as pieces")
 
     # per node ----------------------------------------------------------------
     def lower(self, n: fx.Node, deps: list):
@@ -771,14 +763,11 @@ class _Lowerer:
         counts.pop("_lhs", None)
 
 
-def from_fx(gm: fx.GraphModule, example_inputs, *, training: bool | None = None,
-            freeze: bool = False, seed_groups: bool = True) -> Lowered:
+def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True) -> Lowered:
     """Lower `gm` into a fresh e-graph; raises ValueError on inputs that do not fit the graph."""
     inputs = check_inputs(gm, example_inputs)
     values = propagate_shapes(gm, inputs)
-    if training is None:
-        training = gm.training
-    lw = _Lowerer(gm, values, training, freeze)
+    lw = _Lowerer(gm, values)
     prev_effect = None
     out_node = None
     for n in gm.graph.nodes:
@@ -807,4 +796,4 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, training: bool | None = None,
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root])
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   lw.expr, groups, lw.shapes, freeze)
+                   lw.expr, groups, lw.shapes)
