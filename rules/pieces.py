@@ -1,5 +1,5 @@
 """pieces family: facts `pieces_from(xs, p, i)` meaning xs[j] == p[j] for all j >= i, for cat/stack operands."""
-from egglog import Unit, Vec, eq, i64, rule, ruleset
+from egglog import Vec, eq, i64, rule, ruleset
 
 from optimus_egg.sorts import Pieces, Tensor, cat, pieces_from, stack
 
