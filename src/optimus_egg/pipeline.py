@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from optimus_egg import worker
 from optimus_egg.extract.graph import Graph, Node, serialize
-from optimus_egg.extract.greedy import greedy
+from optimus_egg.extract.greedy import Extraction, greedy
 from optimus_egg.extract.launch_cost import launch_cost
 from optimus_egg.from_fx import Lowered, _name, check_inputs, from_fx
-from optimus_egg.rules import SCHEDULE_ORDER, RULESETS
-from optimus_egg.saturate import Limits, saturate
+from optimus_egg.rules import RULESETS, SCHEDULE_ORDER
+from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
 from optimus_egg.to_fx import to_fx
 
 
@@ -40,6 +41,7 @@ class Report:
     cost_after: float = math.nan
     changed: bool = False
     fallback: str | None = None
+    hard_stop: bool = False      # the search worker was killed at the hard deadline
 
     def __str__(self) -> str:
         t = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
@@ -138,20 +140,17 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
         return gm
 
     rulesets = {name: RULESETS[name] for name in SCHEDULE_ORDER if name not in set(disable)}
-    # The budget bounds the search; lowering and extraction add an overhead linear in graph size.
-    sat = saturate(lowered.egraph, rulesets, limits, time.perf_counter() + budget_s)
+    found = _search(lowered, rulesets, limits, budget_s, report.timings["extract"])
+    sat = found.sat
     report.timings["saturate"] = sat.seconds
     report.iterations, report.stop_reason = sat.iterations, sat.stop_reason
     report.matches = dict(sat.matches)
-    if sat.iterations == 0:
-        return gm  # nothing was added: the input is already the best extraction
-
-    t = time.perf_counter()
-    g1 = serialize(lowered.egraph)
-    report.egraph_nodes = sum(len(v) for v in g1.classes.values())
-    report.egraph_classes = len(g1.classes)
-    ex = greedy(g1, node_cost(lowered, g1))
-    report.timings["extract"] += time.perf_counter() - t
+    report.hard_stop = found.hard_stop
+    if found.ex is None:
+        return gm  # nothing was added (or nothing came back in time): the input is the best extraction
+    report.egraph_nodes, report.egraph_classes = found.nodes, found.classes
+    report.timings["extract"] += found.extract_s
+    g1, ex = found.g, found.ex
     if ex.cost >= report.cost_before - 1e-9:
         return gm  # never worse: nothing cheaper was found
     t = time.perf_counter()
@@ -159,6 +158,105 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     report.timings["to_fx"] = time.perf_counter() - t
     report.cost_after, report.changed = ex.cost, True
     return out
+
+
+@dataclass
+class _Found:
+    """What a search returns: its saturation report and, if anything was added, an extraction."""
+    sat: SaturationReport
+    g: Graph | None = None           # the serialized e-graph (from a worker: just the chosen nodes)
+    ex: Extraction | None = None
+    nodes: int = 0                   # e-graph size when extracted
+    classes: int = 0
+    extract_s: float = 0.0
+    hard_stop: bool = False          # the worker was killed at the hard deadline
+
+
+def _extract(lowered: Lowered, sat: SaturationReport, prune: bool) -> _Found:
+    t = time.perf_counter()
+    g = serialize(lowered.egraph)
+    ex = greedy(g, node_cost(lowered, g))
+    found = _Found(sat, g, ex, sum(len(v) for v in g.classes.values()), len(g.classes))
+    if prune:
+        found.g = _chosen_part(g, ex)
+    found.extract_s = time.perf_counter() - t
+    return found
+
+
+def _chosen_part(g: Graph, ex: Extraction) -> Graph:
+    """The nodes an extraction uses and the values they read: all that to_fx needs."""
+    values, todo = {}, [c for k in ex.choice.values() for c in g.nodes[k].children if c not in g.classes]
+    while todo:
+        c = todo.pop()
+        if c not in values:
+            values[c] = v = g.values[c]
+            if isinstance(v, list):
+                todo.extend(e for e in v if e not in g.classes)
+    return Graph({k: g.nodes[k] for k in ex.choice.values()}, {c: [k] for c, k in ex.choice.items()},
+                 values, {c: o for c, o in g.origins.items() if c in ex.choice}, g.root)
+
+
+def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, extract_s: float) -> _Found:
+    """Saturate for `budget_s` seconds and extract; a hard deadline when a worker can be forked.
+
+    The worker (a fork of this process, holding the seeded e-graph) saturates with the usual
+    between-iteration checks, extracts, and sends the result. While searching it also sends
+    its e-graph size after each iteration and, when an extraction costs at most as long as
+    the search since the last one, a snapshot extraction. The parent waits until
+    deadline + allowance(size), where the allowance is twice the seed graph's extraction time
+    scaled by the e-graph's growth (bounded by the node limit), then kills the worker and
+    keeps the cheapest extraction it has: the final one, a snapshot, or none (the input graph).
+    """
+    deadline = time.perf_counter() + budget_s
+    if not (limits.worker and worker.available()):
+        sat = saturate(lowered.egraph, rulesets, limits, deadline)
+        return _extract(lowered, sat, prune=False) if sat.iterations else _Found(sat)
+
+    warm(rulesets)
+    size0 = max(egraph_nodes(lowered.egraph), 1)
+
+    def extract_estimate(size: int) -> float:
+        return extract_s * size / size0
+
+    def work(send) -> None:
+        start = last = time.perf_counter()
+
+        def snapshot(rep: SaturationReport) -> None:
+            nonlocal last
+            send(("progress", rep.nodes))
+            now = time.perf_counter()
+            if now - last >= extract_estimate(rep.nodes):
+                rep.seconds, rep.stop_reason = now - start, "budget"  # what it means if it is kept
+                send(("snapshot", _extract(lowered, rep, prune=True)))
+                last = time.perf_counter()
+
+        sat = saturate(lowered.egraph, rulesets, limits, deadline, on_iteration=snapshot)
+        send(("done", _extract(lowered, sat, prune=True) if sat.iterations else _Found(sat)))
+
+    best: _Found | None = None
+    hard = deadline + 0.05 + 2 * extract_estimate(size0)
+    w = worker.Worker(work)
+    try:
+        while True:
+            msg = w.recv(until=hard)
+            if msg is None:
+                if best is None:
+                    best = _Found(SaturationReport(stop_reason="budget", seconds=budget_s))
+                best.hard_stop = True
+                return best
+            kind, payload = msg
+            if kind == "error":
+                raise payload
+            if kind == "progress":
+                hard = deadline + 0.05 + 2 * extract_estimate(payload)
+            elif kind == "snapshot" and (best is None or payload.ex.cost <= best.ex.cost):
+                best = payload
+            elif kind == "done":
+                if best is not None and payload.ex is not None and payload.ex.cost > best.ex.cost:
+                    payload.g, payload.ex = best.g, best.ex  # greedy is not monotone: keep the cheaper
+                return payload
+    finally:
+        w.stop()
 
 
 def _same_values(a: fx.GraphModule, b: fx.GraphModule, inputs) -> bool:
