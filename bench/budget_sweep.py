@@ -8,7 +8,8 @@ high-water mark) belongs to that budget alone; "RSS before" is the peak after im
 torch, building and tracing the model, i.e. before optimize. Prints wall time of optimize,
 the report's launch cost (cost_after, greedy DAG cost including its 0.001-per-node
 tie-breakers), stop reason, iterations, e-graph nodes and peak RSS, then checks that the
-cost does not increase with the budget. One torch thread. Writes bench/results/budget_sweep.csv.
+cost does not increase with the budget, and the report's stage timings (from_fx, extract,
+saturate, to_fx). One torch thread. Writes bench/results/budget_sweep.csv.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_MODELS = ["illustrative_1k", "illustrative_10k"]
 DEFAULT_BUDGETS = [0.01, 0.1, 1.0, 10.0]
-FIELDS = ["model", "fx_nodes", "budget", "optimize_s", "cost_before", "cost_after", "changed", "stop_reason",
-          "iterations", "egraph_nodes", "rss_before_mb", "peak_rss_mb", "fallback"]
+STAGES = ["from_fx", "extract", "saturate", "to_fx"]
+FIELDS = ["model", "fx_nodes", "budget", "optimize_s", *(f"{s}_s" for s in STAGES), "cost_before", "cost_after",
+          "changed", "stop_reason", "iterations", "egraph_nodes", "rss_before_mb", "peak_rss_mb", "fallback"]
 
 
 def child(model: str, budget: float) -> dict:
@@ -45,6 +47,7 @@ def child(model: str, budget: float) -> dict:
     wall = time.perf_counter() - t
     r = out.meta["optimus_egg"]
     return dict(model=model, fx_nodes=len(gm.graph.nodes), budget=budget, optimize_s=round(wall, 3),
+                **{f"{s}_s": round(r.timings.get(s, 0.0), 3) for s in STAGES},
                 cost_before=round(r.cost_before, 3), cost_after=round(r.cost_after, 3), changed=r.changed,
                 stop_reason=r.stop_reason, iterations=r.iterations, egraph_nodes=r.egraph_nodes,
                 rss_before_mb=round(before, 1), peak_rss_mb=round(peak_rss_mb(), 1), fallback=r.fallback or "")
@@ -82,8 +85,9 @@ def main(argv=None) -> int:
         for b in budgets:
             r = run_one(model, b, args.timeout)
             rows.append(r)
-            print(f"  {model} @ {b:g} s: {r.get('optimize_s', '-')} s, cost {r.get('cost_after', '-')}, "
-                  f"{r.get('stop_reason')}", flush=True)
+            stages = ", ".join(f"{s} {r[f'{s}_s']}" for s in STAGES if f"{s}_s" in r)
+            print(f"  {model} @ {b:g} s: {r.get('optimize_s', '-')} s ({stages}), cost {r.get('cost_after', '-')}, "
+                  f"{r.get('stop_reason')}, peak RSS {r.get('peak_rss_mb', '-')} MB", flush=True)
 
     head = (f"{'model':<18}{'FX nodes':>9}{'budget s':>9}{'optimize s':>11}{'cost before':>12}{'cost after':>11}"
             f"  {'stop':<11}{'iters':>6}{'e-nodes':>9}{'RSS before MB':>14}{'peak RSS MB':>12}")

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from egglog import EGraph
 
 # Constructors a term class may be extracted as; everything else (analyses, facts) is skipped.
-TERM_OPS = {"input", "none", "call", "unary", "call_multi", "item", "outputs", "linear", "layer_norm",
-            "cat", "stack", "split", "unbind", "movedim", "flatten", "unflatten", "batched_linear", "batched_layer_norm"}
+TERM_OPS = {"input", "none", "call", "unary", "binary", "call_multi", "item", "outputs", "linear", "layer_norm",
+            "cat", "stack", "split", "unbind", "movedim", "flatten", "unflatten", "batched_linear", "batched_layer_norm",
+            "narrow", "squeeze"}
 
 
 @dataclass
@@ -45,7 +46,87 @@ def _primitive(op: str, eclass: str):
     return op
 
 
+_VEC = "egglog.builtins.Vec["
+_BUILTIN = {"egglog.builtins.i64": "i64", "egglog.builtins.f64": "f64", "egglog.builtins.String": "String"}
+
+
 def serialize(egraph: EGraph) -> Graph:
+    """The term part of the e-graph, read from egglog's tables (`EGraph.freeze`).
+
+    Same Graph as `serialize_json` (egglog's JSON serialization, ~50x slower on big graphs
+    and skipped analyses included) up to the spelling of class ids: nodes are named
+    `function-{row}-{op}` as there, and nodes, classes and each class's node list come in the
+    same order (function declaration order, then table rows). Falls back to the JSON path for
+    a sort it does not know.
+    """
+    try:
+        return _serialize_frozen(egraph)
+    except _UnknownSort:
+        return serialize_json(egraph)
+
+
+class _UnknownSort(Exception):
+    pass
+
+
+def _serialize_frozen(egraph: EGraph) -> Graph:
+    eg = egraph._egraph
+    functions = eg.freeze().functions
+    term_sorts = {f.output_sort for name, f in functions.items() if name in TERM_OPS}
+    ids: dict[str, dict] = {}       # sort -> Value -> class id
+    values: dict[str, object] = {}
+    convert = {"i64": eg.value_to_i64, "f64": eg.value_to_f64, "String": eg.value_to_string}
+
+    def cls_of(sort: str, v) -> str:
+        table = ids.get(sort)
+        if table is None:
+            if sort not in term_sorts and sort not in convert and not (sort.startswith(_VEC) and sort.endswith("]")):
+                raise _UnknownSort(sort)
+            table = ids[sort] = {}
+        c = table.get(v)
+        if c is None:
+            c = table[v] = f"{sort}-{len(table)}"
+            if sort in term_sorts:
+                pass
+            elif sort in convert:
+                values[c] = convert[sort](v)
+            else:  # a Vec's value: its element classes (term classes or primitive classes)
+                elem = sort[len(_VEC):-1]
+                elem = _BUILTIN.get(elem, elem)
+                values[c] = [cls_of(elem, e) for e in eg.value_to_vec(v)]
+        return c
+
+    nodes: dict[str, Node] = {}
+    classes: dict[str, list[str]] = {}
+    origins: dict[str, int] = {}
+    root = ""
+    for op, f in functions.items():
+        if f.is_let_binding or not f.rows:
+            continue
+        if op == "node" and f.input_sorts == ["i64"]:
+            out_sort = f.output_sort
+            for r in f.rows:
+                origins.setdefault(cls_of(out_sort, r.output), eg.value_to_i64(r.inputs[0]))
+            continue
+        if op not in TERM_OPS:
+            continue
+        sorts, out_sort = f.input_sorts, f.output_sort
+        for i, r in enumerate(f.rows):
+            k = f"function-{i}-{op}"
+            eclass = cls_of(out_sort, r.output)
+            nodes[k] = Node(op, [cls_of(s, v) for s, v in zip(sorts, r.inputs)], eclass)
+            members = classes.get(eclass)
+            if members is None:
+                classes[eclass] = [k]
+            else:
+                members.append(k)
+            if op == "outputs":
+                root = eclass
+    return Graph(nodes, classes, values, origins, root)
+
+
+def serialize_json(egraph: EGraph) -> Graph:
+    """The Graph from egglog's JSON serialization (the reference for `serialize`)."""
     raw = egraph._egraph.serialize([], max_functions=None, max_calls_per_function=None,
                                    include_temporary_functions=False)
     data = json.loads(raw.to_json())["nodes"]

@@ -13,7 +13,7 @@ cannot see, so the table errs towards counting elementwise work.
 """
 from __future__ import annotations
 
-FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten"}
+FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze"}
 COST = {"linear": 1.0, "batched_linear": 1.0, "layer_norm": 1.0, "batched_layer_norm": 1.0,
         "cat": 0.25, "stack": 0.25, "flatten": 0.25}  # flatten copies when its input is not contiguous
 ELEMENTWISE = 0.5
@@ -33,7 +33,7 @@ def launch_cost(op: str, target_name: str | None = None) -> float:
         return 0.0
     if op in COST:
         return COST[op]
-    if op == "unary":
+    if op in ("unary", "binary"):
         return ELEMENTWISE
     if op in ("call", "call_multi"):
         if target_name in VIEW_TARGETS:

@@ -1,16 +1,20 @@
 """The rule library: one ruleset per rewrite family, and the order saturation runs them in."""
+from optimus_egg.rules.batch_binary import batch_binary
 from optimus_egg.rules.batch_layernorm import batch_layernorm
 from optimus_egg.rules.batch_linear import batch_linear
 from optimus_egg.rules.batch_linear_lhs import batch_linear_lhs
 from optimus_egg.rules.batch_pointwise import batch_pointwise
+from optimus_egg.rules.merge_splits import merge_splits
+from optimus_egg.rules.mutate_cat import mutate_cat
 from optimus_egg.rules.pieces import pieces
 from optimus_egg.rules.split_cat import split_cat
 from optimus_egg.rules.unbind_stack import unbind_stack
 
 # Vertical (single-pattern, confluent) families first, then horizontal (group) ones.
-VERTICAL = {"pieces": pieces, "split_cat": split_cat, "unbind_stack": unbind_stack}
+VERTICAL = {"pieces": pieces, "split_cat": split_cat, "unbind_stack": unbind_stack, "merge_splits": merge_splits,
+            "mutate_cat": mutate_cat}
 HORIZONTAL = {"batch_linear_lhs": batch_linear_lhs, "batch_linear": batch_linear, "batch_layernorm": batch_layernorm,
-              "batch_pointwise": batch_pointwise}
+              "batch_pointwise": batch_pointwise, "batch_binary": batch_binary}
 RULESETS = {**VERTICAL, **HORIZONTAL}
 SCHEDULE_ORDER = tuple(RULESETS)
 
@@ -22,6 +26,24 @@ def rule_names(family: str) -> list[str]:
     rs = RULESETS[family]
     decls = rs.__egg_decls__  # runs the family's registered generators
     return [r.name for r in decls._rulesets[rs.ident].rules]
+
+
+_WITHOUT: dict[tuple[str, frozenset[str]], object] = {}
+
+
+def without(family: str, names: frozenset[str]):
+    """Family `family` minus the rules `names` (per-rule switches), built once per variant."""
+    from egglog import ruleset
+
+    key = (family, frozenset(names))
+    if key not in _WITHOUT:
+        rs = RULESETS[family]
+        decls = rs.__egg_decls__
+        variant = ruleset(name=f"{family}-without-{'-'.join(sorted(names))}")
+        variant._current_egg_decls.update(decls)
+        variant.__egg_ruleset__.rules.extend(r for r in decls._rulesets[rs.ident].rules if r.name not in names)
+        _WITHOUT[key] = variant
+    return _WITHOUT[key]
 
 
 def rules_table() -> str:

@@ -2,13 +2,14 @@
 from egglog import Vec, eq, i64, ruleset
 
 from optimus_egg.dsl import rw
-from optimus_egg.sorts import Pieces, Tensor, cat, even_split, movedim, pieces_from, split, stack, unflatten
+from optimus_egg.sorts import (Pieces, Tensor, cat, even_split, movedim, pieces_from, split, squeeze, stack, unbind,
+                                unflatten)
 
 split_cat = ruleset(name="split_cat")
 
 
 @split_cat.register
-def _(x: Tensor, sizes: Vec[i64], d: i64, e: i64, s: i64, xs: Vec[Tensor], p: Pieces):
+def _(x: Tensor, sizes: Vec[i64], d: i64, e: i64, i: i64, s: i64, xs: Vec[Tensor], p: Pieces):
     # mirrors: remove_split_with_size_one_pass
     yield rw("split-one-piece", split(x, sizes, d)[0], x,
              eq(sizes.length()).to(i64(1)))            # guard: exactly one piece
@@ -25,3 +26,8 @@ def _(x: Tensor, sizes: Vec[i64], d: i64, e: i64, s: i64, xs: Vec[Tensor], p: Pi
              eq(p).to(split(x, sizes, d)),
              eq(xs.length()).to(sizes.length()),       # guard: no piece left out
              even_split(sizes, s))                     # guard: all pieces the same size
+
+    # mirrors: split_cat_pass (merge_split_squeeze: split into size-1 pieces, then squeeze)
+    yield rw("squeeze-of-split-piece", squeeze(split(x, sizes, d)[i], d), unbind(x, d)[i],
+             even_split(sizes, 1))                     # guard: every piece has size 1 on d;
+                                                       # shared `d`: squeezed on the split dim

@@ -10,7 +10,7 @@ def test_bisect_finds_nothing_on_a_correct_model():
     assert bisect(fx.symbolic_trace(m.eval()), inputs) is None
 
 
-def test_bisect_names_the_family_that_breaks_values(monkeypatch):
+def test_bisect_names_the_rule_that_breaks_values(monkeypatch):
     real = ops.batched_layer_norm
 
     def broken(x, shape, w, b, eps):
@@ -18,4 +18,4 @@ def test_bisect_names_the_family_that_breaks_values(monkeypatch):
 
     monkeypatch.setattr(ops, "batched_layer_norm", broken)
     m, inputs = build("parallel_mlp")
-    assert bisect(fx.symbolic_trace(m.eval()), inputs) == "batch_layernorm"
+    assert bisect(fx.symbolic_trace(m.eval()), inputs) == "batch-layernorm"

@@ -60,15 +60,7 @@ DEFAULT = {
 
 
 # Graphs where optimus_egg launches more kernels than Optimus today, and why.
-MISSING: dict[str, str] = {
-    "scf_split_squeeze": (
-        "split_cat_pass split-squeeze: squeeze(split(x, 1, d)[i], d) is unbind(x, d)[i]; "
-        "optimus_egg has no split-squeeze rule (Optimus: 0 launches)"),
-    "scf_merge_splits_cat": (
-        "merge_splits_pass: a split of a split piece is a finer split of the whole "
-        "(split [4, 4, 24] then (4,)*6 -> split [4]*8), after which the cat of all pieces "
-        "is x; optimus_egg has no split-of-split-piece rule"),
-}
+MISSING: dict[str, str] = {}
 
 
 def _marks(name: str) -> list:

@@ -149,3 +149,18 @@ def test_verify_falls_back_when_values_differ(mlp, monkeypatch):
         out = optimus_egg.optimize(gm, inputs, verify=True)
     assert any("differ" in str(x.message) for x in w)
     torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
+
+
+def test_disable_one_rule_keeps_the_rest_of_its_family(mlp):
+    gm, inputs = mlp
+    full = optimus_egg.optimize(gm, inputs).meta["optimus_egg"]
+    assert full.matches["pointwise-of-unbind-piece"] > 0 and full.matches["batch-pointwise"] > 0
+    rep = optimus_egg.optimize(gm, inputs, disable=["pointwise-of-unbind-piece"]).meta["optimus_egg"]
+    assert rep.matches.get("pointwise-of-unbind-piece", 0) == 0
+    assert rep.matches["batch-pointwise"] == full.matches["batch-pointwise"]  # same family, still on
+
+
+def test_unknown_rule_name_is_a_value_error(mlp):
+    gm, inputs = mlp
+    with pytest.raises(ValueError, match="batch-linearz"):
+        optimus_egg.optimize(gm, inputs, disable=["batch-linearz"])

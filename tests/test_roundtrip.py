@@ -325,6 +325,10 @@ def _view_cases():
         ("torch.movedim", lambda x: torch.movedim(x, 2, 0) + 1, (x,)),
         ("squeeze", lambda x: x.unsqueeze(1).squeeze(1) + 1, (x,)),
         ("squeeze_all", lambda x: torch.squeeze(x[:1, None]) + 1, (x,)),
+        ("squeeze_dim_kw", lambda x: x[:, :1].squeeze(dim=1) + 1, (x,)),
+        ("torch.squeeze_not_size_one", lambda x: torch.squeeze(x, -3) + 1, (x,)),
+        ("narrow", lambda x: x.narrow(1, 1, 2) + 1, (x,)),
+        ("torch.narrow_neg", lambda x: torch.narrow(x, -1, -4, 3) + 1, (x,)),
         ("unsqueeze_neg", lambda x: torch.unsqueeze(x, -1) + 1, (x,)),
         ("T_of_2d", lambda x: x[0].T + 1, (x,)),
     ]

@@ -16,10 +16,14 @@ are Unsupported.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import inspect
+import itertools
 import math
 import operator
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +31,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
-from egglog import EGraph
+from egglog import EGraph, bindings
 
 from optimus_egg import sorts
 
@@ -58,20 +62,137 @@ def _str(s: str) -> str:
 
 
 NONE = "(none)"
-_SEED_CHUNK = 10  # actions per seeding rule: egglog 13.2 keeps each command's source text,
-# so one huge command (or thousands of tiny ones) costs quadratic memory and time.
+_SEED_CHUNK = 50  # actions per seeding rule: egglog's type checker is superlinear in a rule's
+# size, and each top-level action costs a pass over the e-graph, so actions go in small rules.
 
 
 def register_text(egraph: EGraph, actions: list[str]) -> None:
-    """Run egglog actions (text) in one pass; much faster than building Python exprs."""
+    """Run egglog actions (text) in one pass; much faster than building Python exprs.
+
+    The text is turned into egglog's command objects here (`_seed_actions`) rather than by
+    egglog's parser: a parsed command carries a source span per sub-term holding the whole
+    command text, which egglog keeps with each rule (quadratic memory, ~1.8 GB for a
+    10,000-node graph). Actions outside the simple grammar go through the parser.
+    """
     for fn in sorts.DECLARED:
         egraph._callable_to_egg(fn)
     run = egraph._egraph.run_program
     parse = egraph._egraph.parse_program
     run(*parse("(ruleset optimus_egg_seed)"))
-    for k in range(0, len(actions), _SEED_CHUNK):
-        run(*parse(f"(rule () ({' '.join(actions[k:k + _SEED_CHUNK])}) :ruleset optimus_egg_seed)"))
+    with no_gc():  # ~10^5 short-lived objects; collections would rescan the whole heap
+        built = _seed_actions(actions)
+        if built is None:
+            for k in range(0, len(actions), 10):
+                run(*parse(f"(rule () ({' '.join(actions[k:k + 10])}) :ruleset optimus_egg_seed)"))
+        else:
+            for k in range(0, len(built), _SEED_CHUNK):
+                run(bindings.RuleCommand(bindings.Rule(_SPAN, built[k:k + _SEED_CHUNK], [], "", "optimus_egg_seed")))
+            del built
     run(*parse("(run optimus_egg_seed 1)"))
+
+
+@contextlib.contextmanager
+def no_gc():
+    """Pause the cyclic garbage collector (bulk construction of acyclic data)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+_SPAN = bindings.PanicSpan()
+# A flat term `(f a b ...)` of atoms (strings without blanks or parens), an open or close
+# paren, or an atom.
+_TOKEN = re.compile(r'(\([^\s()"]+(?: (?:[^\s()"]+|"(?:[^"\\\s()]|\\.)*"))*\))|(\()|(\))|("(?:[^"\\]|\\.)*"|[^\s()"]+)')
+_INT = re.compile(r"-?[0-9]+\Z")
+_FLOAT = re.compile(r"-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?\Z")
+_UNESCAPE = re.compile(r"\\(.)")
+_ACTION_WORDS = {"let", "delete", "subsume", "panic", "extract", "change", "set", "union"}
+
+
+def _atom(t: str):
+    if t[0] == '"':
+        if len(t) < 2 or t[-1] != '"':
+            return None
+        return bindings.Lit(_SPAN, bindings.String(_UNESCAPE.sub(r"\1", t[1:-1])))
+    if _INT.match(t):
+        return bindings.Lit(_SPAN, bindings.Int(int(t)))
+    if _FLOAT.match(t):
+        return bindings.Lit(_SPAN, bindings.Float(float(t)))
+    return None  # a global or a keyword: left to egglog's parser
+
+
+def _seed_actions(actions: list[str]) -> list | None:
+    """egglog action objects for `(union a b)`, `(set (f ..) v)` and `(f ..)` actions over
+    calls and int / float / string literals; None if any action is outside that grammar.
+    Repeated flat terms and atoms (`(node 7)`, a split's size Vec) are built once and shared."""
+    terms: dict[str, Any] = {}
+    atoms: dict[str, Any] = {}
+    Call, SPAN = bindings.Call, _SPAN
+    out = []
+
+    def atom(t):
+        a = atoms.get(t)
+        if a is None:
+            a = atoms[t] = _atom(t)
+            if a is None:
+                raise Unsupported(t)
+        return a
+
+    def flat_term(text):
+        c = terms.get(text)
+        if c is None:
+            head, *args = text[1:-1].split()
+            if head in _ACTION_WORDS:
+                raise Unsupported(text)
+            c = terms[text] = Call(SPAN, head, [atom(a) for a in args])
+        return c
+
+    def action(head, args):
+        if head == "union" and len(args) == 2:
+            return bindings.Union(SPAN, args[0], args[1])
+        if head == "set" and len(args) == 2 and isinstance(args[0], bindings.Call):
+            return bindings.Set(SPAN, args[0].name, args[0].args, args[1])
+        if head in _ACTION_WORDS:
+            raise Unsupported(head)
+        return bindings.Expr_(SPAN, Call(SPAN, head, args))
+
+    try:
+        for text in actions:
+            stack: list[list] = []
+            for flat, opening, closing, tok in _TOKEN.findall(text):
+                if flat:
+                    if not stack:
+                        c = flat_term(flat)
+                        out.append(action(c.name, c.args))
+                    else:
+                        stack[-1][1].append(flat_term(flat))
+                elif opening:
+                    stack.append([None, []])
+                elif closing:
+                    head, args = stack.pop()
+                    if head is None:
+                        raise Unsupported(text)
+                    if stack:
+                        if head in _ACTION_WORDS:
+                            raise Unsupported(head)
+                        stack[-1][1].append(Call(SPAN, head, args))
+                    else:
+                        out.append(action(head, args))
+                elif not stack:
+                    raise Unsupported(text)  # a bare atom at top level
+                elif stack[-1][0] is None:
+                    stack[-1][0] = tok
+                else:
+                    stack[-1][1].append(atom(tok))
+            if stack:
+                raise Unsupported(text)
+    except (Unsupported, ValueError, IndexError):
+        return None
+    return out
 
 
 @dataclass(frozen=True)
@@ -134,12 +255,15 @@ _BINARY = {operator.add: torch.add, operator.sub: torch.sub, operator.mul: torch
            aten.div.Tensor: torch.div}
 _LINEAR = {F.linear, torch._C._nn.linear, aten.linear.default}
 _LAYER_NORM = {F.layer_norm, torch.layer_norm, aten.layer_norm.default}
+_ATEN_GEMM = {aten.mm.default, aten.addmm.default}  # F.linear as make_fx / AOT write it: mm(x, t(w)), addmm(b, x, t(w))
 _CAT = {torch.cat, torch.concat, torch.concatenate, aten.cat.default}
 _STACK = {torch.stack, aten.stack.default}
 _SPLIT = {torch.split, torch.functional.split, torch.Tensor.split, aten.split.Tensor, aten.split_with_sizes.default,
           "split", "split_with_sizes"}
 _CHUNK = {torch.chunk, "chunk", aten.chunk.default}
 _UNBIND = {torch.unbind, "unbind", aten.unbind.int}
+_SQUEEZE = {torch.squeeze, torch.Tensor.squeeze, "squeeze", aten.squeeze.dim}  # with one int dim only
+_NARROW = {torch.narrow, torch.Tensor.narrow, "narrow", aten.narrow.default}
 _DROPOUT = {F.dropout, torch.dropout, aten.dropout.default}
 _VIEW_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t",
                  "movedim", "squeeze", "unsqueeze", "expand", "narrow", "select", "split",
@@ -348,9 +472,16 @@ def propagate_shapes(gm: fx.GraphModule, inputs: list) -> dict[fx.Node, Any]:
             with mode, torch.no_grad():
                 _Fake(gm, mode).propagate_dont_convert_inputs(*fakes)
         else:
+            attrs: dict[str, Any] = {}
+
             class _Real(fx.Interpreter):
                 def run_node(self, n):
                     return keep(n, super().run_node(n))
+
+                def fetch_attr(self, target: str):  # a dotted-path walk per call_module / get_attr
+                    if target not in attrs:
+                        attrs[target] = super().fetch_attr(target)
+                    return attrs[target]
 
             threads = torch.get_num_threads()
             torch.set_num_threads(1)  # tiny ops: a contended thread pool made this 100x slower
@@ -505,6 +636,9 @@ class _Lowerer:
         t = n.target
         if n.op == "call_function" and t is operator.getitem:
             src = n.args[0]
+            if self.is_layer_norm_output(n):
+                x, ns, w, b, eps = src.args
+                return self.make_layer_norm(n, x, list(ns), w, b, float(eps))
             if isinstance(src, fx.Node) and src in self.pieces and isinstance(n.args[1], int):
                 p = self.pieces[src]
                 i = n.args[1]
@@ -512,6 +646,8 @@ class _Lowerer:
             return None
         name = t if n.op == "call_method" else None
         key = name if name is not None else t
+        if key in _ATEN_GEMM and n.op == "call_function":
+            return self.aten_linear(n)
         if key in _LINEAR and n.op == "call_function":
             x, w = self.arg(n, 0, "input"), self.arg(n, 1, "weight")
             b = self.arg(n, 2, "bias")
@@ -552,6 +688,8 @@ class _Lowerer:
                 return None
             self.kind[n] = ("n", self.shapes[x][d])
             return ("pieces", _app("unbind", self.operand(x), d))
+        if key in _SQUEEZE or key in _NARROW:
+            return self.make_view(n, key in _NARROW)
         if key in _DROPOUT:
             training = self.arg(n, 2, "training", True) if key is F.dropout else self.arg(n, 2, "train", True)
             p = self.arg(n, 1, "p", 0.5)
@@ -639,11 +777,63 @@ class _Lowerer:
             self.kind[n] = ("pointwise", (tid, self.shapes[x], self.dtype(x)), x)
         return _app("unary", tid, self.operand(x))
 
+    def is_layer_norm_output(self, n: fx.Node) -> bool:
+        """getitem(aten.native_layer_norm(...), 0) whose mean and rstd outputs are unused: F.layer_norm."""
+        src = n.args[0]
+        if not (isinstance(src, fx.Node) and src.op == "call_function" and src.target is aten.native_layer_norm.default
+                and n.args[1] == 0 and len(src.args) == 5 and not src.kwargs and src not in self.effect_set):
+            return False
+        _, ns, _, _, eps = src.args
+        return (isinstance(ns, (list, tuple)) and isinstance(eps, float)
+                and all(u.target is operator.getitem and (u.args[1] == 0 or not u.users) for u in src.users))
+
+    def aten_linear(self, n: fx.Node):
+        """aten.mm(x, t(w)) is F.linear(x, w), aten.addmm(b, x, t(w)) is F.linear(x, w, b): exactly
+        (F.linear runs these very calls) when x and w are 2-D, b is [out], and beta = alpha = 1."""
+        if any(v != 1 for v in n.kwargs.values()) or set(n.kwargs) - {"beta", "alpha"}:
+            return None
+        if n.target is aten.addmm.default:
+            if len(n.args) != 3:
+                return None
+            b, x, wt = n.args
+        else:
+            if len(n.args) != 2:
+                return None
+            b, (x, wt) = None, n.args
+        w = self.transposed(wt)
+        if w is None or not isinstance(x, fx.Node) or len(self.shapes.get(x, ())) != 2:
+            return None
+        if b is not None and (not isinstance(b, fx.Node) or self.shapes.get(b) != self.shapes[w][:1]):
+            return None  # a [M, out] or broadcast bias is not a linear's
+        return self.make_linear(n, x, w, b)
+
+    def transposed(self, wt) -> fx.Node | None:
+        """w, when `wt` is aten.t(w) / permute(w, [1, 0]) / transpose(w, 0, 1) of a 2-D w."""
+        if not isinstance(wt, fx.Node) or wt.op != "call_function" or wt.kwargs or wt in self.effect_set:
+            return None
+        w = wt.args[0] if wt.args else None
+        if not isinstance(w, fx.Node) or len(self.shapes.get(w, ())) != 2:
+            return None
+        if wt.target is aten.t.default and len(wt.args) == 1:
+            return w
+        if wt.target is aten.permute.default and list(wt.args[1:]) in ([[1, 0]], [[-1, -2]], [[1, -2]], [[-1, 0]]):
+            return w
+        if wt.target is aten.transpose.int and len(wt.args) == 3 and {d % 2 for d in wt.args[1:]} == {0, 1}:
+            return w
+        return None
+
     def make_binary(self, n, fn):
         if not n.args or set(n.kwargs) - {"other"}:
             return None
         a, b = n.args[0], n.args[1] if len(n.args) > 1 else n.kwargs.get("other")
         tensor_args = [v for v in (a, b) if isinstance(v, fx.Node)]
+        if len(tensor_args) == 2:
+            out = self.shapes.get(n)
+            if out is None or self.shapes.get(a) != out or self.shapes.get(b) != out:
+                return None  # broadcasting: not one element of each operand per output element
+            tid = self.template("call_function", fn, (Slot(0), Slot(1)), {}, shared=True)
+            self.kind[n] = ("binary", (tid, out, self.dtype(a), self.dtype(b)), (a, b))
+            return _app("binary", tid, self.operand(a), self.operand(b))
         if len(tensor_args) == 1 and isinstance(a if b is tensor_args[0] else b, (int, float)):
             x = tensor_args[0]
             out = self.shapes.get(n)
@@ -688,7 +878,30 @@ class _Lowerer:
         self.kind[n] = ("n", len(sizes))
         if len(set(sizes)) == 1:
             self.facts.append(_app("even_split", _vec(sizes), sizes[0]))
+        # Where each piece starts (merge_splits reads it); a walk in the rules would take one
+        # iteration per piece.
+        self.facts.append(_app("set", _app("split_starts", _vec(sizes)), _vec(itertools.accumulate(sizes[:-1], initial=0))))
         return ("pieces", _app("split", self.operand(x), _vec(sizes), d))
+
+    def make_view(self, n, is_narrow: bool):
+        """squeeze(x, d) of a size-1 dim, narrow(x, d, start, length) in bounds; static ints only."""
+        x = self.arg(n, 0, "input" if n.op == "call_function" else "self")
+        d = self.arg(n, 1, "dim")
+        ints = [d, *(self.arg(n, 2, "start"), self.arg(n, 3, "length"))[:2 if is_narrow else 0]]
+        if not isinstance(x, fx.Node) or x not in self.shapes or len(n.args) + len(n.kwargs) != len(ints) + 1:
+            return None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+            return None  # squeeze() of every size-1 dim, a tuple of dims, or a computed start
+        shp = self.shapes[x]
+        if not -len(shp) <= d < len(shp):
+            return None
+        d = d % len(shp)
+        if not is_narrow:
+            return _app("squeeze", self.operand(x), d) if shp[d] == 1 else None
+        start, length = ints[1] + (shp[d] if ints[1] < 0 else 0), ints[2]
+        if not (0 <= start and 0 <= length and start + length <= shp[d]):
+            return None
+        return _app("narrow", self.operand(x), d, start, length)
 
     def shape_of(self, a):
         if isinstance(a, str):
@@ -704,7 +917,7 @@ class _Lowerer:
         depth = _depths(self.gm.graph)
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, k in self.kind.items():
-            if k[0] in ("linear", "layer_norm", "pointwise") and n in self.expr and n in self.shapes:
+            if k[0] in ("linear", "layer_norm", "pointwise", "binary") and n in self.expr and n in self.shapes:
                 buckets[(k[0], k[1], depth[n])].append(n)
         counts: dict[str, int] = defaultdict(int)
         for (family, _key, _d), members in buckets.items():
@@ -722,6 +935,9 @@ class _Lowerer:
                 vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
                         _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members),
                         _vec(self.leaf_or_operand(self.kind[m][2][3]) for m in members)]
+            elif family == "binary":
+                vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
+                        _vec(self.operand(self.kind[m][2][1]) for m in members)]
             else:
                 vecs = [_vec(self.operand(self.kind[m][2]) for m in members)]
             self.facts += [_app("set", _app("group_vec", g, k), v) for k, v in enumerate(vecs)]
@@ -731,6 +947,9 @@ class _Lowerer:
             elif family == "layer_norm":
                 _, ns, w, b, eps = self.kind[members[0]][2]
                 slots = [_app("layer_norm_slot", g, _vec(ns), _f64(eps), out, i) for i in range(len(members))]
+            elif family == "binary":
+                tid = self.kind[members[0]][1][0]
+                slots = [_app("binary_slot", tid, g, out, i) for i in range(len(members))]
             else:
                 tid = self.kind[members[0]][1][0]
                 slots = [_app("pointwise_slot", tid, g, out, i) for i in range(len(members))]

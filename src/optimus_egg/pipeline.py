@@ -22,7 +22,7 @@ from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import Extraction, greedy
 from optimus_egg.extract.launch_cost import launch_cost
 from optimus_egg.from_fx import Lowered, _name, check_inputs, from_fx
-from optimus_egg.rules import RULESETS, SCHEDULE_ORDER
+from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
 from optimus_egg.to_fx import to_fx
 
@@ -70,10 +70,26 @@ def _check_args(gm, example_inputs, budget_s, disable) -> None:
     if not math.isfinite(budget_s) or budget_s < 0:
         raise ValueError(f"budget_s must be a finite number of seconds >= 0, got {budget_s}")
     if isinstance(disable, str):
-        raise TypeError("disable must be a list of rule family names, not a string")
-    unknown = set(disable) - set(RULESETS)
+        raise TypeError("disable must be a list of rule family or rule names, not a string")
+    unknown = set(disable) - set(RULESETS) - set(_RULE_FAMILY)
     if unknown:
-        raise ValueError(f"disable names unknown rule families {sorted(unknown)}; known: {list(SCHEDULE_ORDER)}")
+        raise ValueError(f"disable names unknown rule families or rules {sorted(unknown)}; families: "
+                         f"{list(SCHEDULE_ORDER)}; rules: see rules/README.md")
+
+
+_RULE_FAMILY = {rule: family for family in SCHEDULE_ORDER for rule in rule_names(family)}
+
+
+def enabled_rulesets(disable) -> dict:
+    """SCHEDULE_ORDER minus the disabled families; a family with disabled rules runs without them."""
+    off = set(disable)
+    out = {}
+    for family in SCHEDULE_ORDER:
+        if family in off:
+            continue
+        rules = frozenset(r for r in off if _RULE_FAMILY.get(r) == family)
+        out[family] = without(family, rules) if rules else RULESETS[family]
+    return out
 
 
 def node_cost(lowered: Lowered, g: Graph):
@@ -96,7 +112,8 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
 
     budget_s bounds the saturation search (0: no search, an equivalent graph comes back);
     lowering and extraction add an overhead that grows linearly with graph size.
-    disable: rule families to leave out (see optimus_egg.rules.SCHEDULE_ORDER).
+    disable: rule families (optimus_egg.rules.SCHEDULE_ORDER) or single rules (rules/README.md)
+    to leave out.
     verify: run both graphs on example_inputs and keep the input graph if values differ.
     """
     _check_args(gm, example_inputs, budget_s, disable)
@@ -104,7 +121,8 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     report = Report()
     start = time.perf_counter()
     try:
-        result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report)
+        with worker.frozen_heap():
+            result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report)
         if verify and result is not gm and not _same_values(gm, result, inputs):
             raise RuntimeError("verify: the optimized graph's values differ from the input graph's")
     except ValueError:
@@ -139,7 +157,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
         report.stop_reason = "budget"
         return gm
 
-    rulesets = {name: RULESETS[name] for name in SCHEDULE_ORDER if name not in set(disable)}
+    rulesets = enabled_rulesets(disable)
     found = _search(lowered, rulesets, limits, budget_s, report.timings["extract"])
     sat = found.sat
     report.timings["saturate"] = sat.seconds

@@ -28,6 +28,10 @@ class Tensor(Expr):
     @classmethod
     def unary(cls, op: i64Like, x: Tensor) -> Tensor: ...  # an elementwise template op on one tensor
 
+    @method(egg_fn="binary")
+    @classmethod
+    def binary(cls, op: i64Like, x: Tensor, y: Tensor) -> Tensor: ...  # elementwise template op, same-shape x and y
+
 
 class Pieces(Expr):
     """A tuple of tensors (split, unbind, or a tuple-valued template op)."""
@@ -84,6 +88,14 @@ def flatten(x: Tensor, start: i64Like, end: i64Like) -> Tensor: ...  # a view wh
 def unflatten(x: Tensor, d: i64Like, sizes: Vec[i64]) -> Tensor: ...  # a view
 
 
+@function(egg_fn="narrow")
+def narrow(x: Tensor, d: i64Like, start: i64Like, length: i64Like) -> Tensor: ...  # a view: x[start:start+length] on d
+
+
+@function(egg_fn="squeeze")
+def squeeze(x: Tensor, d: i64Like) -> Tensor: ...  # a view: drops dim d, whose size is 1
+
+
 @function(egg_fn="batched_linear")
 def batched_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
     """x [N, M, K] @ w[N, O, K]^T + b[N, O] (or no bias): one bmm / baddbmm."""
@@ -128,6 +140,11 @@ def pointwise_slot(op: i64Like, g: i64Like, out: Vec[i64], i: i64Like) -> Unit:
     """Member i of group g: independent same-shape operands group_vec(g, 0) of one pointwise op."""
 
 
+@function(egg_fn="binary_slot")
+def binary_slot(op: i64Like, g: i64Like, out: Vec[i64], i: i64Like) -> Unit:
+    """Member i of group g: independent same-shape, same-dtype operand pairs group_vec(g, 0..1) of one binary op."""
+
+
 @function(egg_fn="even_split")
 def even_split(sizes: Vec[i64], s: i64Like) -> Unit:
     """Every split size in `sizes` is `s` (seeded by from_fx)."""
@@ -138,6 +155,16 @@ def group_vec(g: i64Like, k: i64Like) -> Vec[Tensor]:
     """Operand list k of seeded group g (written once, shared by the group's slots)."""
 
 
+@function(egg_fn="split_starts")
+def split_starts(sizes: Vec[i64]) -> Vec[i64]:
+    """Where each piece of a split by `sizes` starts: [sum(sizes[:i]) for each i] (seeded by from_fx)."""
+
+
+@function(egg_fn="narrow_run")
+def narrow_run(xs: Vec[Tensor], x: Tensor, d: i64Like, i: i64Like, start: i64Like, end: i64Like) -> Unit:
+    """xs[i:] are adjacent narrows of x on dim d, in order, covering [start, end) of that dim."""
+
+
 @function(egg_fn="pieces_from")
 def pieces_from(xs: Vec[Tensor], p: Pieces, i: i64Like) -> Unit:
     """xs[j] is p[j] for every j >= i."""
@@ -146,10 +173,11 @@ def pieces_from(xs: Vec[Tensor], p: Pieces, i: i64Like) -> Unit:
 __all__ = [
     "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "even_split", "flatten", "movedim", "unflatten", "f64",
     "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "node", "pieces_from",
-    "pointwise_slot", "shape", "split", "stack", "unbind",
+    "pointwise_slot", "shape", "split", "stack", "unbind", "binary_slot", "narrow", "narrow_run", "split_starts", "squeeze",
 ]
 
 # Everything from_fx's seed program may mention, declared to egglog before it runs.
 DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
             linear, layer_norm, cat, stack, split, unbind, movedim, flatten, unflatten, even_split, batched_linear, batched_layer_norm,
-            shape, node, group_vec, linear_slot, linear_lhs_slot, layer_norm_slot, pointwise_slot, pieces_from]
+            shape, node, group_vec, linear_slot, linear_lhs_slot, layer_norm_slot, pointwise_slot, pieces_from,
+            Tensor.binary, binary_slot, narrow, squeeze, split_starts, narrow_run]

@@ -90,6 +90,8 @@ class _Raiser:
             node = self.template(a[0], a[1])
         elif op == "unary":
             node = self.template(a[0], [a[1]])
+        elif op == "binary":
+            node = self.template(a[0], [a[1], a[2]])
         elif op == "item":
             node = self.call(operator.getitem, a[0], a[1])
         elif op == "linear":
@@ -116,6 +118,10 @@ class _Raiser:
             node = self.call(torch.unflatten, a[0], a[1], list(a[2]))
         elif op == "unbind":
             node = self.call(torch.unbind, a[0], a[1])
+        elif op == "narrow":
+            node = self.call(torch.narrow, a[0], a[1], a[2], a[3])
+        elif op == "squeeze":
+            node = self.call(torch.squeeze, a[0], a[1])
         elif op == "batched_linear":
             bias = self.call(ops.stack_bias, a[2].members, a[1]) if isinstance(a[2], _PartialStack) else a[2]
             node = self.call(ops.batched_linear, a[0], a[1], bias)

@@ -48,3 +48,31 @@ def test_batch_layernorm_needs_same_shape():
 
     _, report = optimize_with(before, batch_layernorm, torch.randn(3, 8), torch.randn(5, 8))
     assert not fired(report, "batch-layernorm")
+
+
+def _aten_norms(use_stats=False):
+    """Three F.layer_norm calls as make_fx writes them: native_layer_norm(...)[0]."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, *params):
+        outs = []
+        for i in range(3):
+            y, mean, _rstd = torch.ops.aten.native_layer_norm.default(x[i], [16], params[2 * i], params[2 * i + 1], 1e-5)
+            outs.append(y + mean if use_stats else y)
+        return outs
+
+    inputs = [torch.randn(3, 4, 16)] + [torch.randn(16) for _ in range(6)]
+    return make_fx(f)(*inputs), inputs
+
+
+def test_batch_layernorm_aten_native_layer_norm():
+    gm, inputs = _aten_norms()
+    after, report = optimize_with(gm, batch_layernorm, *inputs)
+    assert fired(report, "batch-layernorm")
+    assert calls(after, torch.ops.aten.native_layer_norm.default) == 0 and calls(after, ops.batched_layer_norm) == 1
+
+
+def test_batch_layernorm_aten_needs_unused_statistics():
+    gm, inputs = _aten_norms(use_stats=True)
+    _, report = optimize_with(gm, batch_layernorm, *inputs)
+    assert not fired(report, "batch-layernorm")

@@ -68,3 +68,58 @@ def test_batch_linear_left_alone_when_cost_model_says_so(monkeypatch):
     after, report = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(2, 4, 16))
     assert fired(report, "batch-linear")  # the alternative exists ...
     assert calls(after, nn.Linear) == 2 and not report.changed  # ... and is not extracted
+
+
+def _aten_linears(bias=True, weight_t=torch.t):
+    """Three F.linear calls as make_fx writes them: addmm(b, x, t(w)), or mm(x, t(w)) without bias."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, *params):
+        ws, bs = params[0::2], params[1::2]
+        return [torch.addmm(bs[i], x[i], weight_t(ws[i])) if bias else torch.mm(x[i], weight_t(ws[i]))
+                for i in range(3)]
+
+    inputs = [torch.randn(3, 4, 16)] + [t for _ in range(3) for t in (torch.randn(32, 16), torch.randn(32))]
+    return make_fx(f)(*inputs), inputs
+
+
+def test_batch_linear_aten_addmm():
+    gm, inputs = _aten_linears()
+    after, report = optimize_with(gm, batch_linear, *inputs)
+    assert fired(report, "batch-linear")
+    assert calls(after, torch.ops.aten.addmm.default) == 0 and calls(after, ops.batched_linear) == 1
+
+
+def test_batch_linear_aten_mm_and_permute():
+    gm, inputs = _aten_linears(bias=False, weight_t=lambda w: w.permute(1, 0))
+    after, report = optimize_with(gm, batch_linear, *inputs)
+    assert fired(report, "batch-linear")
+    assert calls(after, torch.ops.aten.mm.default) == 0 and calls(after, ops.batched_linear) == 1
+
+
+def test_batch_linear_aten_needs_transposed_weight():
+    gm, inputs = _aten_linears(weight_t=lambda w: w.t().contiguous())  # mm(x, clone(t(w))): not read as a linear
+    _, report = optimize_with(gm, batch_linear, *inputs)
+    assert not fired(report, "batch-linear")
+
+
+def test_batch_linear_aten_needs_unit_beta_alpha():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w1, b1, w2, b2):
+        return torch.addmm(b1, x[0], w1.t(), beta=2), torch.addmm(b2, x[1], w2.t(), beta=2)
+
+    inputs = [torch.randn(2, 4, 16), torch.randn(32, 16), torch.randn(32), torch.randn(32, 16), torch.randn(32)]
+    _, report = optimize_with(make_fx(f)(*inputs), batch_linear, *inputs)
+    assert not fired(report, "batch-linear")
+
+
+def test_batch_linear_aten_needs_vector_bias():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w1, b1, w2, b2):
+        return torch.addmm(b1, x[0], w1.t()), torch.addmm(b2, x[1], w2.t())  # [M, out] biases
+
+    inputs = [torch.randn(2, 4, 16), torch.randn(32, 16), torch.randn(4, 32), torch.randn(32, 16), torch.randn(4, 32)]
+    _, report = optimize_with(make_fx(f)(*inputs), batch_linear, *inputs)
+    assert not fired(report, "batch-linear")

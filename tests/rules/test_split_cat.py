@@ -95,3 +95,51 @@ def test_stack_of_split_pieces_needs_order():
 
     _, report = optimize_with(before, split_cat, torch.randn(3, 6))
     assert not fired(report, "stack-of-split-pieces")
+
+
+def test_squeeze_of_split_piece():
+    def before(x):
+        p = torch.split(x, 1, dim=1)
+        return torch.stack([torch.squeeze(p[i], 1) for i in range(4)]) + 1
+
+    after, report = optimize_with(before, split_cat, torch.randn(3, 4))
+    assert fired(report, "squeeze-of-split-piece")
+    assert calls(after, torch.squeeze) == calls(after, torch.split) == 0
+    assert calls(after, torch.unbind) == 1
+
+
+def test_squeeze_of_split_piece_method_spellings():
+    def before(x):
+        p = x.split(1, -2)
+        return torch.stack([p[0].squeeze(-2), p[1].squeeze(dim=1)], dim=1) + 1
+
+    after, report = optimize_with(before, split_cat, torch.randn(3, 2, 5))
+    assert fired(report, "squeeze-of-split-piece")
+    assert calls(after, "squeeze") == calls(after, torch.squeeze) == 0
+
+
+def test_squeeze_of_split_piece_needs_same_dim():
+    def before(x):
+        p = torch.split(x, 1, dim=1)
+        return torch.squeeze(p[0], 0) + torch.squeeze(p[1], 0)
+
+    _, report = optimize_with(before, split_cat, torch.randn(1, 2, 3))
+    assert not fired(report, "squeeze-of-split-piece")
+
+
+def test_squeeze_of_split_piece_needs_size_one_pieces():
+    def before(x):
+        a, b = torch.split(x, [1, 2], dim=1)
+        return torch.squeeze(a, 1).sum() + b.sum()
+
+    _, report = optimize_with(before, split_cat, torch.randn(2, 3))
+    assert not fired(report, "squeeze-of-split-piece")
+
+
+def test_squeeze_of_split_piece_leaves_dimless_squeeze():
+    def before(x):
+        p = torch.split(x, 1, dim=1)
+        return torch.squeeze(p[0]) + torch.squeeze(p[1])  # no dim: left opaque
+
+    _, report = optimize_with(before, split_cat, torch.randn(2, 2))
+    assert not fired(report, "squeeze-of-split-piece")
