@@ -3,8 +3,8 @@
     python bench/budget_sweep.py                       # illustrative_1k and illustrative_10k
     python bench/budget_sweep.py --models illustrative_1k --budgets 0.1,1
 
-Each (model, budget) runs in a fresh subprocess, so its peak RSS (ru_maxrss, a process
-high-water mark) belongs to that budget alone; "RSS before" is the peak after importing
+Each (model, budget) runs in a fresh subprocess, so its peak RSS (ru_maxrss of the process
+plus that of optimize's forked search worker, a high-water mark) belongs to that budget alone; "RSS before" is the peak after importing
 torch, building and tracing the model, i.e. before optimize. Prints wall time of optimize,
 the report's launch cost (cost_after, greedy DAG cost including its 0.001-per-node
 tie-breakers), stop reason, iterations, e-graph nodes and peak RSS, then checks that the

@@ -15,10 +15,11 @@ Part 2, Spearman rank correlation between predicted and measured launches over e
 `optimus-egg bench --all` first). Predicted = what optimize() would report as cost_after,
 re-derived here: the greedy DAG cost of the arm's extraction with the EPS tie-breakers
 removed (plain Inductor: the unsaturated graph; optimus_egg@b: saturation at budget b;
-greedy_rules: one saturation round), with optimize()'s never-worse rule. Budget-limited
-searches are re-run, so they may stop at another iteration than the measured run did. A
-second figure uses the suite's own pred_launches column (the cost model evaluated on each
-arm's output graph, Optimus's included). Spearman is computed with numpy (scipy is not
+greedy_rules: one saturation round), with optimize()'s never-worse rule: the per-node
+extraction objective (extract/launch_cost.py). Budget-limited searches are re-run, so they
+may stop at another iteration than the measured run did. A second figure uses the suite's
+own pred_launches column: the whole-graph estimate with Inductor's fusion
+(extract/fusion_cost.py) evaluated on each arm's output graph, Optimus's included. Spearman is computed with numpy (scipy is not
 installed): Pearson correlation of average ranks.
 """
 from __future__ import annotations
@@ -147,7 +148,8 @@ def part2(models: list[str]) -> None:
     defined = [v for v in within.values() if not math.isnan(v)]
     print(f"\nSpearman(predicted cost_after, measured launches), Inductor + optimus_egg arms, "
           f"n={len(pairs)}: {rho:.3f}")
-    print(f"Spearman(pred_launches column, measured launches), every arm incl. Optimus, n={len(pairs_col)}: "
+    print(f"Spearman(pred_launches column = fusion-aware estimate, measured launches), every arm incl. Optimus, "
+          f"n={len(pairs_col)}: "
           f"{rho_col:.3f}")
     print("within each model (arms only; nan = all arms tie): "
           + ", ".join(f"{m} {v:.2f}" for m, v in within.items())

@@ -9,7 +9,8 @@ with four independent copies in one graph:
 A GEMM and a reduction always launch; elementwise ops and copies fuse with a neighbour or
 with each other (horizontally), so they cost a fraction: 0.5 for elementwise, 0.25 for
 stack/cat. These stay per-node figures: fusion depends on neighbours, which a per-node cost
-cannot see, so the table errs towards counting elementwise work.
+cannot see, so the table errs towards counting elementwise work; fusion_cost.py estimates a
+whole graph with its fusion, and optimize() checks its result with it.
 """
 from __future__ import annotations
 

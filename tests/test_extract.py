@@ -80,3 +80,19 @@ def test_greedy_shares_a_batched_kernel(saturated):
     g, cost = saturated["parallel_mlp"]
     ops = [g.nodes[k].op for k in greedy(g, cost).choice.values()]
     assert ops.count("batched_linear") == 1 and ops.count("linear") == 1  # the 8 branches; the head
+
+
+@pytest.mark.parametrize("name", ["parallel_mlp", pytest.param("masknet", marks=pytest.mark.slow)])
+def test_fused_launches_predicts_inductor(name):
+    """The whole-graph estimate equals the launches Inductor makes, before and after optimize."""
+    import optimus_egg
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    m, inputs = build(name)
+    gm = fx.symbolic_trace(m.eval())
+    out = optimus_egg.optimize(gm, list(inputs), budget_s=1)
+    assert out.meta["optimus_egg"].changed
+    for g in (gm, out):
+        measured = compile_inductor(g, list(inputs), config_patches={"compile_threads": 1}).launches.total
+        assert fused_launches(g) == measured, (g is out, fused_launches(g), measured)

@@ -182,21 +182,13 @@ def _optimus_counter_names() -> set[str]:
 
 
 def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any]) -> float:
-    """Launches the cost model predicts for ``gm`` as written (no rewriting): the greedy DAG
-    cost of the unsaturated e-graph without the per-node EPS tie-breakers. NaN if the
-    graph does not lower."""
-    from optimus_egg.extract.graph import serialize
-    from optimus_egg.extract.greedy import greedy
-    from optimus_egg.from_fx import from_fx
-    from optimus_egg.pipeline import node_cost
+    """Launches the cost model predicts for ``gm`` as written: the whole-graph estimate with
+    Inductor's fusion (extract/fusion_cost.py). NaN if the graph cannot be read."""
+    from optimus_egg.extract.fusion_cost import fused_launches
 
     try:
-        lowered = from_fx(gm, list(inputs), seed_groups=False)
-        g = serialize(lowered.egraph)
-        cost = node_cost(lowered, g)
-        ex = greedy(g, cost)
-        return float(sum(cost(g.nodes[k]) for k in ex.choice.values()))
-    except Exception:  # noqa: BLE001 - a graph the lowering does not cover has no prediction
+        return float(fused_launches(gm))
+    except Exception:  # noqa: BLE001 - an unreadable graph has no prediction
         return math.nan
 
 

@@ -384,8 +384,12 @@ def interleaved_medians(
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MiB."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """Peak resident set size so far, in MiB: this process's plus its largest finished child's.
+
+    optimize's search runs in a forked worker; the sum bounds the memory both held (it counts
+    pages the child shares with this process twice)."""
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     # Linux reports KiB, macOS bytes.
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from optimus_egg import worker
+from optimus_egg.extract.fusion_cost import fused_launches
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import Extraction, greedy
 from optimus_egg.extract.launch_cost import launch_cost
@@ -37,8 +38,10 @@ class Report:
     stop_reason: str = "not_run"
     matches: dict[str, int] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
-    cost_before: float = math.nan
+    cost_before: float = math.nan   # extraction objective (extract/launch_cost.py, per node)
     cost_after: float = math.nan
+    launches_before: int | None = None  # whole-graph estimate with fusion (extract/fusion_cost.py)
+    launches_after: int | None = None
     changed: bool = False
     fallback: str | None = None
     hard_stop: bool = False      # the search worker was killed at the hard deadline
@@ -48,7 +51,9 @@ class Report:
         fired = ", ".join(f"{k}={v}" for k, v in sorted(self.matches.items()) if v) or "none"
         lines = [
             f"optimus_egg: launch cost {self.cost_before:.0f} -> {self.cost_after:.0f}"
-            f" ({'changed' if self.changed else 'unchanged'})",
+            f" ({'changed' if self.changed else 'unchanged'})"
+            + (f", predicted launches {self.launches_before} -> {self.launches_after}"
+               if self.launches_before is not None else ""),
             f"  search: {self.iterations} iterations, stopped by {self.stop_reason}, "
             f"e-graph {self.egraph_nodes} nodes / {self.egraph_classes} classes",
             f"  rules fired: {fired}",
@@ -174,6 +179,12 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     t = time.perf_counter()
     out = to_fx(lowered, g1, ex, inputs)
     report.timings["to_fx"] = time.perf_counter() - t
+    # The per-node table cannot see fusion; the whole-graph estimate can. Keep the input if
+    # it predicts more launches for the result (never seen on the bench models).
+    report.launches_before, report.launches_after = fused_launches(gm), fused_launches(out)
+    if report.launches_after > report.launches_before:
+        report.launches_after = report.launches_before
+        return gm
     report.cost_after, report.changed = ex.cost, True
     return out
 
