@@ -7,14 +7,24 @@ steps rewrites the parts: linears (own weights, one shared nn.Linear, F.linear w
 weight, several linears reading one part), layer norms, pointwise ops, binary ops between
 parts, regrouping (cat / stack and back, in order or not, uneven re-splits), opaque ops
 (cumsum, an fx.wrap-ped function), in-place ops (on a clone, or on a part itself, which may
-be a view of the input) and dropout in training mode; the parts are finally put together
-(cat / stack / sum / tuple). The program is a plain module traced with
-torch.fx.symbolic_trace. Both graphs run from the same RNG seed, and the input is compared
-after the call too.
+be a view of the input), dropout in training mode (function, or a module kept training) and in
+eval mode (identity: training=False, p=0, an eval Dropout module), independent same-shape
+binary ops on several parts at once (batch-binary), binary ops on matching unbind pieces of two
+stacks (binary-of-unbind-pieces), binary ops with a broadcast operand (left unbatched), a stack
+split into size-1 pieces and squeezed (squeeze-of-split-piece), and nested splits / narrows of
+the concatenated parts put back together by cats of in-order runs (merge_splits, mutate_cat);
+the parts are finally put together (cat / stack / sum / tuple). The program is a plain module
+traced with torch.fx.symbolic_trace. Both graphs run from the same RNG seed, and the input is
+compared after the call too.
 
 A fifth as many programs are captured with Dynamo instead (static and dynamic=True), ~0.3 s
-each. Examples: OPTIMUS_EGG_FUZZ_EXAMPLES (default 150, ~45 s in all on 2 cores); derandomized, so CI
-sees the same cases every run. A long run: OPTIMUS_EGG_FUZZ_EXAMPLES=3000 pytest tests/test_fuzz.py
+each, and a fifth as many as ATen graphs with make_fx (linears as mm / addmm of t(w), layer
+norms as native_layer_norm). `test_new_vocabulary_fires` optimizes one fixed program of each
+newer kind and checks the rule it targets fired.
+
+Examples: OPTIMUS_EGG_FUZZ_EXAMPLES (default 150, ~80 s in all on 2 cores); derandomized, so
+CI sees the same cases every run. A long run (1000 examples: ~16 min):
+OPTIMUS_EGG_FUZZ_EXAMPLES=1000 pytest tests/test_fuzz.py
 (add --hypothesis-show-statistics to see which rules the cases fired).
 """
 from __future__ import annotations
@@ -30,8 +40,10 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 from hypothesis import HealthCheck, event, given, note, settings
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import optimus_egg
+from optimus_egg.testing import fired
 
 EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_EXAMPLES", "150"))
 
@@ -63,7 +75,44 @@ BINARY = {
     "add": (lambda a, b: a + b, torch.add),
     "mul": (lambda a, b: a * b, torch.mul),
     "sub": (lambda a, b: a - b, lambda a, b: torch.sub(a, b)),
+    "div": (lambda a, b: a / b, torch.div),
 }
+
+
+def binary(name, spelling, a, b):
+    """BINARY[name] with the spelling picked by `spelling`; a divisor kept away from 0 (a huge
+    quotient fed to a linear could overflow in one summation order and not in another)."""
+    fns = BINARY[name]
+    if name == "div":
+        b = b.abs() + 1.0
+    return fns[spelling % len(fns)](a, b)
+
+
+def partition(rnd, total, min_pieces=1):
+    """Random positive sizes summing to total (at least min_pieces of them when total allows)."""
+    sizes = []
+    while total:
+        still = max(0, min_pieces - len(sizes) - 1)  # pieces needed after this one
+        k = rnd.randint(1, max(1, total - still))
+        sizes.append(k)
+        total -= k
+    return tuple(sizes)
+
+
+def nested_plan(rnd, total):
+    """A split of the whole into pieces (each taken as a split piece or a narrow), one piece split
+    again on the same dim, a pointwise op on some pieces, and a cut where the cat back is
+    split into two cats (runs of adjacent pieces)."""
+    sizes1 = partition(rnd, total)
+    big = [j for j, k in enumerate(sizes1) if k >= 2]
+    j = rnd.choice(big) if big else -1
+    sizes2 = partition(rnd, sizes1[j], 2) if big else ()
+    spell1 = tuple(rnd.choice(["split", "narrow", "torch_narrow", "narrow_neg"]) for _ in sizes1)
+    spell2 = rnd.choice(["split", "method_split", "narrow"])
+    flat = len(sizes1) + (len(sizes2) - 1 if big else 0)
+    flags = tuple(rnd.random() < 0.3 for _ in range(flat))
+    return {"sizes1": sizes1, "j": j, "sizes2": sizes2, "spell1": spell1, "spell2": spell2,
+            "flags": flags, "cut": rnd.randint(0, flat), "dim": rnd.choice([1, -1])}
 
 
 # ---- programs -----------------------------------------------------------------------------------
@@ -83,6 +132,19 @@ def programs(draw):
         st.tuples(st.just("pointwise"), st.sampled_from(sorted(POINTWISE)), st.integers(0, 2), subset),
         st.tuples(st.just("binary"), st.sampled_from(parts), st.sampled_from(parts),
                   st.sampled_from(sorted(BINARY)), st.integers(0, 1)),
+        # independent binary ops on several parts (each with a partner `shift` parts on): batch-binary
+        st.tuples(st.just("binary_batch"), st.sampled_from(sorted(BINARY)), st.integers(0, 1), subset,
+                  st.integers(0, n - 1)),
+        # op(unbind(stack(parts))[i], unbind(stack(other))[i]): binary-of-unbind-pieces
+        st.tuples(st.just("stack_binary"), st.sampled_from(sorted(BINARY)), st.sampled_from([0, 1, -1]),
+                  st.sampled_from(["reversed", "tanh", "same"]), subset),
+        # a broadcast operand ([d] parameter, [1, d] mean, [d] row): never batched
+        st.tuples(st.just("broadcast"), st.sampled_from(sorted(BINARY)), st.sampled_from(["param", "mean0", "row0"]),
+                  subset),
+        # stack on dim, split into size-1 pieces on it, squeeze it: squeeze-of-split-piece
+        st.tuples(st.just("squeeze_split"), st.sampled_from([0, 1, 2]), st.integers(0, 4), st.integers(0, 3)),
+        # nested splits / narrows and cats of in-order runs: merge_splits, mutate_cat
+        st.tuples(st.just("nested"), st.sampled_from(sorted(POINTWISE)), st.randoms(use_true_random=False)),
         st.tuples(st.just("regroup"), st.sampled_from(
             ["cat_split", "cat_split_neg", "cat_chunk", "stack_unbind", "stack0_unbind0",
              "cat_view_unbind", "reversed_cat_split", "reversed_stack_unbind"])),
@@ -91,7 +153,9 @@ def programs(draw):
         st.tuples(st.just("inplace"), st.sampled_from(["clone_add", "clone_mul", "clone_slice",
                                                        "direct_add", "direct_copy"]),
                   st.sampled_from(parts)),
-        st.tuples(st.just("dropout"), st.sampled_from(["F.dropout", "torch.dropout"]), subset),
+        st.tuples(st.just("dropout"), st.sampled_from(["F.dropout", "torch.dropout", "module"]), subset),
+        st.tuples(st.just("dropout_eval"), st.sampled_from(["F_eval", "torch_eval", "module", "p0", "self_training"]),
+                  subset),
     )
     steps = draw(st.lists(step, min_size=1, max_size=8))
     # `uneven` carries a Random to draw its split sizes; turn it into the sizes now.
@@ -104,6 +168,8 @@ def programs(draw):
                 sizes.append(k)
                 total -= k
             s = ("uneven", s[1], tuple(sizes))
+        elif s[0] == "nested":
+            s = ("nested", s[1], nested_plan(s[2], n * d))
         fixed.append(s)
     return {
         "n": n, "d": d, "b": b, "steps": tuple(fixed),
@@ -115,6 +181,21 @@ def programs(draw):
         "dtype": draw(st.sampled_from([torch.float32, torch.float64])),
         "seed": draw(st.integers(0, 2**16)),
     }
+
+
+class Row(nn.Module):
+    """A [d] parameter: the broadcast operand of a binary op."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.row = nn.Parameter(torch.randn(d))
+
+
+class TrainingDropout(nn.Dropout):
+    """A Dropout module that stays in training mode through model.eval() (an RNG draw)."""
+
+    def train(self, mode=True):
+        return super().train(True)
 
 
 class Program(nn.Module):
@@ -134,6 +215,12 @@ class Program(nn.Module):
             elif s[0] == "layer_norm" and s[1] != "functional":
                 mods.append(nn.ModuleList(nn.LayerNorm(d, elementwise_affine=s[1] == "affine")
                                           for _ in range(n)))
+            elif s[0] == "broadcast" and s[2] == "param":
+                mods.append(Row(d))
+            elif s[0] == "dropout" and s[1] == "module":
+                mods.append(TrainingDropout(0.3))
+            elif s[0] == "dropout_eval" and s[1] == "module":
+                mods.append(nn.Dropout(0.5))  # .eval() makes it the identity
             else:
                 mods.append(nn.Identity())
         self.mods = nn.ModuleList(mods)
@@ -185,7 +272,92 @@ class Program(nn.Module):
             for i in s[3]:
                 ps[i] = fn(ps[i])
         elif kind == "binary":
-            ps[s[1]] = BINARY[s[3]][s[4]](ps[s[1]], ps[s[2]])
+            ps[s[1]] = binary(s[3], s[4], ps[s[1]], ps[s[2]])
+        elif kind == "binary_batch":  # operands from before the step: the ops are independent
+            old = list(ps)
+            for i in s[3]:
+                ps[i] = binary(s[1], s[2] + i, old[i], old[(i + s[4]) % n])
+        elif kind == "stack_binary":
+            dim = s[2]
+            other = ps[::-1] if s[3] == "reversed" else [torch.tanh(p) for p in ps] if s[3] == "tanh" else ps
+            xs = torch.stack(ps, dim).unbind(dim)
+            ys = torch.unbind(torch.stack(other, dim=dim), dim)
+            for i in s[4]:
+                ps[i] = binary(s[1], i, xs[i], ys[i])
+        elif kind == "broadcast":
+            old = list(ps)
+            for i in s[3]:
+                if s[2] == "param":
+                    other = mod.row                              # [d]
+                elif s[2] == "mean0":
+                    other = old[(i + 1) % n].mean(dim=0, keepdim=True)  # [1, d]
+                else:
+                    other = old[(i + 1) % n][0]                  # [d]
+                ps[i] = binary(s[1], i, old[i], other)
+        elif kind == "squeeze_split":  # stack on dim (size n), split it into size-1 pieces, squeeze them
+            dim, neg = s[1], s[1] - 3
+            whole = torch.stack(ps, dim)
+            how = s[2]
+            if how == 0:
+                pieces = torch.split(whole, 1, dim)
+            elif how == 1:
+                pieces = whole.split(1, neg)
+            elif how == 2:
+                pieces = torch.split(whole, [1] * n, dim=dim)
+            elif how == 3:
+                pieces = whole.split([1] * n, dim=neg)
+            else:
+                pieces = torch.chunk(whole, n, dim)
+            for i in range(n):
+                p, how = pieces[i], (s[3] + i) % 4
+                if how == 0:
+                    ps[i] = torch.squeeze(p, dim)
+                elif how == 1:
+                    ps[i] = p.squeeze(neg)
+                elif how == 2:
+                    ps[i] = p.squeeze(dim=dim)
+                else:
+                    ps[i] = torch.squeeze(p, neg)
+        elif kind == "nested":
+            plan, fn = s[2], POINTWISE[s[1]][0]
+            dim, total = plan["dim"], n * d
+            whole = torch.cat(ps, dim=1)
+            sizes1 = list(plan["sizes1"])
+            split1 = torch.split(whole, sizes1, dim) if "split" in plan["spell1"] else None
+            flat, start = [], 0
+            for j, (size, how) in enumerate(zip(sizes1, plan["spell1"])):
+                if how == "split":
+                    p = split1[j]
+                elif how == "narrow":
+                    p = whole.narrow(dim, start, size)
+                elif how == "torch_narrow":
+                    p = torch.narrow(whole, dim, start, size)
+                else:
+                    p = torch.narrow(whole, dim, start - total, size)  # negative start
+                start += size
+                if j != plan["j"]:
+                    flat.append(p)
+                    continue
+                sizes2 = list(plan["sizes2"])
+                if plan["spell2"] == "split":
+                    sub = torch.split(p, sizes2, dim)
+                    flat += [sub[k] for k in range(len(sizes2))]
+                elif plan["spell2"] == "method_split":
+                    sub = p.split(sizes2, dim)
+                    flat += [sub[k] for k in range(len(sizes2))]
+                else:
+                    at = 0
+                    for size2 in sizes2:
+                        flat.append(p.narrow(dim, at, size2))
+                        at += size2
+            flat = [fn(p) if flag else p for p, flag in zip(flat, plan["flags"])]
+            cut = plan["cut"]
+            if 0 < cut < len(flat):
+                whole = torch.cat([torch.cat(flat[:cut], dim), torch.cat(flat[cut:], dim)], dim)
+            else:
+                whole = torch.cat(flat, dim)
+            pieces = torch.split(whole, d, 1)
+            ps = [pieces[i] for i in range(n)]
         elif kind == "regroup":
             how = s[1]
             src = ps[::-1] if how.startswith("reversed") else ps
@@ -236,7 +408,24 @@ class Program(nn.Module):
             ps[i] = q
         elif kind == "dropout":  # RNG draws: their order decides every mask
             for i in s[2]:
-                ps[i] = F.dropout(ps[i], 0.5, training=True) if s[1] == "F.dropout" else torch.dropout(ps[i], 0.25, True)
+                if s[1] == "F.dropout":
+                    ps[i] = F.dropout(ps[i], 0.5, training=True)
+                elif s[1] == "torch.dropout":
+                    ps[i] = torch.dropout(ps[i], 0.25, True)
+                else:
+                    ps[i] = mod(ps[i])  # a Dropout module kept in training mode
+        elif kind == "dropout_eval":  # the identity (eager returns the input itself)
+            for i in s[2]:
+                if s[1] == "F_eval":
+                    ps[i] = F.dropout(ps[i], 0.5, training=False)
+                elif s[1] == "torch_eval":
+                    ps[i] = torch.dropout(ps[i], 0.3, False)
+                elif s[1] == "module":
+                    ps[i] = mod(ps[i])
+                elif s[1] == "p0":
+                    ps[i] = F.dropout(ps[i], 0.0, training=True)
+                else:
+                    ps[i] = F.dropout(ps[i], 0.4, self.training)  # False: the model is in eval mode
         return ps
 
     def forward(self, x):
@@ -293,15 +482,20 @@ def run_all(gm, inputs):
         return gm(*inputs), inputs
 
 
-def optimize_strict(gm, inputs):
+def strict_optimize(gm, inputs, budget_s=0.5):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # strict: no silent fallback either
-        out = optimus_egg.optimize(gm, inputs, budget_s=0.5, strict=True)
+        out = optimus_egg.optimize(gm, inputs, budget_s=budget_s, strict=True)
+    assert out.meta["optimus_egg"].fallback is None
+    return out
+
+
+def optimize_strict(gm, inputs):
+    out = strict_optimize(gm, inputs)
     report = out.meta["optimus_egg"]
     note(str(report))
     if report.changed:
         note(f"optimized:\n{out.code}")
-    assert report.fallback is None
     event(f"changed={report.changed}")  # --hypothesis-show-statistics: what the cases exercise
     for rule, count in report.matches.items():
         if count:
@@ -348,3 +542,91 @@ def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
         inputs = [int(v) if isinstance(v, torch.SymInt) else v for v in inputs]
         torch.testing.assert_close(run_all(out, inputs), run_all(gm, inputs),
                                    rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(prog=programs())
+def test_random_aten_graph_optimizes_to_same_values(prog):
+    """The same programs as ATen graphs from make_fx: linears are mm(x, t(w)) / addmm(b, x, t(w)),
+    layer norms native_layer_norm, parameters constants (get_attr), in-place ops aten.*_ calls."""
+    note(f"program: {prog}")
+    model = Program(prog).to(prog["dtype"]).eval()
+    x = make_input(prog)
+    with torch.no_grad():
+        gm = make_fx(model)(x.clone())
+    note(f"graph:\n{gm.code}")
+    out = optimize_strict(gm, [x])
+    torch.testing.assert_close(run(out, x), run(gm, x), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+# ---- the newer vocabulary reaches its rules -------------------------------------------------------
+
+def _prog(steps, n=3, d=4, b=2, split="split", out="cat", **kw):
+    return {"n": n, "d": d, "b": b, "steps": tuple(steps), "split": split, "out": out, "tap": None,
+            "special": False, "dtype": torch.float32, "seed": 7, **kw}
+
+
+_NESTED = {"sizes1": (3, 6, 3), "j": 1, "sizes2": (2, 4), "spell1": ("split", "narrow", "torch_narrow"),
+           "spell2": "split", "flags": (False,) * 4, "cut": 2, "dim": 1}
+# kind -> (program, trace, rules that must fire, rules that must not)
+FIRING = {
+    "binary_batch": (_prog([("binary_batch", "mul", 0, (0, 1, 2), 1)]), "fx", ["batch-binary"], []),
+    "binary_batch_div": (_prog([("binary_batch", "div", 1, (0, 1, 2), 2)]), "fx", ["batch-binary"], []),
+    "stack_binary": (_prog([("stack_binary", "sub", 1, "tanh", (0, 1, 2))]), "fx",
+                     ["binary-of-unbind-pieces"], []),
+    "broadcast": (_prog([("broadcast", "add", "param", (0, 1, 2))]), "fx", [], ["batch-binary"]),
+    "broadcast_mean": (_prog([("broadcast", "mul", "mean0", (0, 1, 2))]), "fx", [], ["batch-binary"]),
+    "squeeze_split": (_prog([("squeeze_split", 1, 0, 0)]), "fx", ["squeeze-of-split-piece"], []),
+    "squeeze_split_chunk": (_prog([("squeeze_split", 2, 4, 1)]), "fx", ["squeeze-of-split-piece"], []),
+    "nested": (_prog([("nested", "tanh", _NESTED)]), "fx",
+               ["split-piece-narrow", "narrow-of-narrow", "narrow-whole", "cat-of-narrow-run"], []),
+    "nested_narrows": (_prog([("nested", "tanh", {**_NESTED, "spell1": ("narrow_neg", "torch_narrow", "narrow"),
+                                                  "spell2": "narrow", "cut": 0})]), "fx",
+                       ["narrow-of-narrow", "narrow-whole", "cat-of-narrow-run"], []),
+    "aten_linear": (_prog([("linear", "own", True, (0, 1, 2)), ("linear", "own", False, (0, 1, 2))]), "make_fx",
+                    ["batch-linear"], []),
+    "aten_layer_norm": (_prog([("layer_norm", "affine", (0, 1, 2))]), "make_fx", ["batch-layernorm"], []),
+}
+DROPOUT_EVAL = [("dropout_eval", how, (0, 1, 2)) for how in ["F_eval", "torch_eval", "module", "p0", "self_training"]]
+
+
+def _optimized(prog, trace):
+    model = Program(prog).to(prog["dtype"]).eval()
+    x = make_input(prog)
+    if trace == "fx":
+        gm = fx.symbolic_trace(model)
+    else:
+        with torch.no_grad():
+            gm = make_fx(model)(x.clone())
+    out = strict_optimize(gm, [x], budget_s=10.0)
+    torch.testing.assert_close(run(out, x), run(gm, x), rtol=1e-4, atol=1e-5, equal_nan=True)
+    return gm, out, out.meta["optimus_egg"]
+
+
+def _dropouts(gm):
+    return sum(1 for n in gm.graph.nodes if "dropout" in str(n.target)
+               or (n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.Dropout)))
+
+
+@pytest.mark.parametrize("kind", sorted(FIRING))
+def test_new_vocabulary_fires(kind):
+    prog, trace, must, must_not = FIRING[kind]
+    _, _, report = _optimized(prog, trace)
+    for rule in must:
+        assert fired(report, rule), f"{rule} did not fire: {report}"
+    for rule in must_not:
+        assert not fired(report, rule), f"{rule} fired: {report}"
+
+
+@pytest.mark.parametrize("step", DROPOUT_EVAL, ids=[s[1] for s in DROPOUT_EVAL])
+def test_eval_dropout_is_the_identity(step):
+    gm, out, _ = _optimized(_prog([step, ("pointwise", "tanh", 0, (0, 1, 2))]), "fx")
+    assert _dropouts(gm) == 3 and _dropouts(out) == 0
+
+
+@pytest.mark.parametrize("how", ["F.dropout", "torch.dropout", "module"])
+def test_training_dropout_is_never_batched(how):
+    gm, out, report = _optimized(_prog([("dropout", how, (0, 1, 2)), ("pointwise", "relu", 0, (0, 1, 2))]), "fx")
+    assert fired(report, "batch-pointwise") or fired(report, "pointwise-of-split-piece")  # the relus are
+    assert _dropouts(gm) == _dropouts(out) == 3

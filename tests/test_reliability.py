@@ -294,6 +294,22 @@ def test_dtypes_compile(dtype, fresh_dynamo, reports):
     torch.testing.assert_close(got, want, **_TOL[dtype])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_dtypes_cuda(dtype, fresh_dynamo, reports):
+    torch.manual_seed(0)
+    model = _Parallel(n=6, d=16, act=torch.relu).to("cuda", dtype).eval()
+    x = torch.randn(8, 96, dtype=dtype, device="cuda")
+    gm = fx.symbolic_trace(model)
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    assert out.meta["optimus_egg"].changed
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), gm(x), **_TOL[dtype])
+        got = torch.compile(model, backend="optimus_egg")(x)
+        torch.testing.assert_close(got, model(x), **_TOL[dtype])
+    assert reports and reports[-1].changed
+
+
 # ---- training -----------------------------------------------------------------------------------
 
 class _ParallelDropout(nn.Module):
