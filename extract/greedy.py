@@ -39,34 +39,51 @@ def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
     fan = g.fanout()
     kids = {k: term_children(g, n) for k, n in g.nodes.items()}
     own = {k: node_cost(n) + EPS for k, n in g.nodes.items()}
-    parents: dict[str, list[str]] = defaultdict(list)
+    # The fixpoint below runs on integer ids (node i is the i-th of g.nodes, class j the j-th
+    # of g.classes) and lists: the same updates, in the same order, as on the string keys.
+    keys = list(g.nodes)
+    cls_id = {c: j for j, c in enumerate(g.classes)}
+    n_of = [g.nodes[k] for k in keys]
+    node_cls = [cls_id[n.eclass] for n in n_of]
+    own_of = [own[k] for k in keys]
+    kid_ids = [[cls_id[c] for c in kids[k]] for k in keys]
+    # an item pays its tuple's cost over the tuple's fanout: (pieces class, divisor) or None
+    item_of = [(cls_id[n.children[0]], max(fan.get(n.children[0], 1), 1)) if n.op == "item" else None
+               for n in n_of]
+    parents: list[list[int]] = [[] for _ in cls_id]
+    seen: dict[str, list[str]] = defaultdict(list)  # the string-keyed order, as before
     for k, cs in kids.items():
         for c in set(cs):
-            parents[c].append(k)
-    cost = {c: math.inf for c in g.classes}
-    best_node: dict[str, float] = {}
+            seen[c].append(k)
+    idx = {k: i for i, k in enumerate(keys)}
+    for c, ps in seen.items():
+        parents[cls_id[c]] = [idx[k] for k in ps]
+    inf = math.inf
+    cost = [inf] * len(cls_id)
+    best = [inf] * len(keys)
+    done = [False] * len(keys)
 
-    def node_total(k: str) -> float:
-        n = g.nodes[k]
-        if n.op == "item":
-            p = n.children[0]
-            return own[k] + cost[p] / max(fan.get(p, 1), 1)
-        return own[k] + sum(cost[c] for c in kids[k])
-
-    queue = deque(g.nodes)
-    queued = set(queue)
+    queue = deque(range(len(keys)))
+    queued = [True] * len(keys)
+    popleft, push = queue.popleft, queue.append
     while queue:
-        k = queue.popleft()
-        queued.discard(k)
-        total = node_total(k)
-        best_node[k] = total
-        cls = g.nodes[k].eclass
-        if total < cost[cls] - 1e-12:
-            cost[cls] = total
-            for p in parents[cls]:
-                if p not in queued:
-                    queued.add(p)
-                    queue.append(p)
+        i = popleft()
+        queued[i] = False
+        it = item_of[i]
+        if it is not None:
+            total = own_of[i] + cost[it[0]] / it[1]
+        else:
+            total = own_of[i] + sum([cost[c] for c in kid_ids[i]])
+        best[i] = total
+        done[i] = True
+        c = node_cls[i]
+        if total < cost[c] - 1e-12:
+            cost[c] = total
+            for p in parents[c]:
+                if not queued[p]:
+                    queued[p] = True
+                    push(p)
+    best_node = {k: best[i] for i, k in enumerate(keys) if done[i]}
     return select(g, kids, best_node, own)
 
 

@@ -8,27 +8,26 @@ from optimus_egg.rules import SCHEDULE_ORDER, rule_names
 
 
 def bisect(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0) -> str | None:
-    """The rule that, enabled alone (with its family's facts), changes gm's values.
+    """The rule whose removal gives back gm's values on example_inputs.
 
-    Searches family by family, then rule by rule inside the first guilty family. Returns the
-    rule's name (see rules/README.md); the family's name when only several of its rules
-    together change the values; "interaction" when only the full library does; None when
-    nothing changes them.
+    With the whole library on, leaves out one family at a time, then one rule at a time
+    inside the first family whose removal restores the values (rules pay off together, so
+    removing one is a better probe than enabling one alone). Returns the rule's name (see
+    rules/README.md); the family's name when no single rule of it is enough; "interaction"
+    when no single family is; None when the values are right.
     """
     inputs = list(example_inputs)
 
     def breaks(disable) -> bool:
         return not _same_values(gm, optimize(gm, inputs, budget_s, strict=True, disable=disable), inputs)
 
+    if not breaks([]):
+        return None
     for family in SCHEDULE_ORDER:
-        if family == "pieces":
-            continue  # facts only: never changes a graph on its own
-        others = [f for f in SCHEDULE_ORDER if f not in (family, "pieces")]
-        if not breaks(others):
+        if family == "pieces" or breaks([family]):  # pieces: facts only, never a rewrite
             continue
-        rules = rule_names(family)
-        for rule in rules:
-            if breaks(others + [r for r in rules if r != rule]):
+        for rule in rule_names(family):
+            if not breaks([rule]):
                 return rule
         return family
-    return "interaction" if breaks([]) else None
+    return "interaction"

@@ -23,7 +23,9 @@ import inspect
 import itertools
 import math
 import operator
+import os
 import re
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,29 +68,87 @@ _SEED_CHUNK = 50  # actions per seeding rule: egglog's type checker is superline
 # size, and each top-level action costs a pass over the e-graph, so actions go in small rules.
 
 
-def register_text(egraph: EGraph, actions: list[str]) -> None:
+def register_text(egraph: EGraph, actions: list[str], lets: dict[str, str] | None = None,
+                  uses: dict[int, tuple[str, ...]] | None = None) -> None:
     """Run egglog actions (text) in one pass; much faster than building Python exprs.
 
-    The text is turned into egglog's command objects here (`_seed_actions`) rather than by
-    egglog's parser: a parsed command carries a source span per sub-term holding the whole
-    command text, which egglog keeps with each rule (quadratic memory, ~1.8 GB for a
-    10,000-node graph). Actions outside the simple grammar go through the parser.
+    `lets` names terms that actions refer to by a variable (a split's Pieces, which each of its
+    items would otherwise repeat with its whole size list); `uses[i]` lists the variables
+    action i reads. Each seeding rule binds the variables its actions read once, with a
+    rule-local `let`, so the term is built once per rule, not once per item.
+
+    The program goes to egglog as a file (`include`): egglog parses it natively, and its
+    source spans share one copy of the text. (Parsing through `parse_program` hands every
+    sub-term's span to Python with the whole text, which egglog then keeps with each rule:
+    quadratic memory, ~1.8 GB for a 10,000-node graph.) If no temporary file can be written,
+    the text is turned into egglog's command objects here (`_seed_actions`), or, for actions
+    outside that simple grammar, parsed in chunks.
     """
+    lets, uses = lets or {}, uses or {}
     for fn in sorts.DECLARED:
         egraph._callable_to_egg(fn)
     run = egraph._egraph.run_program
     parse = egraph._egraph.parse_program
     run(*parse("(ruleset optimus_egg_seed)"))
-    with no_gc():  # ~10^5 short-lived objects; collections would rescan the whole heap
-        built = _seed_actions(actions)
-        if built is None:
-            for k in range(0, len(actions), 10):
-                run(*parse(f"(rule () ({' '.join(actions[k:k + 10])}) :ruleset optimus_egg_seed)"))
-        else:
-            for k in range(0, len(built), _SEED_CHUNK):
-                run(bindings.RuleCommand(bindings.Rule(_SPAN, built[k:k + _SEED_CHUNK], [], "", "optimus_egg_seed")))
-            del built
+    path = _write_seed_program(actions, lets, uses)
+    if path is not None:
+        try:
+            run(bindings.Include(_SPAN, path))
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    else:
+        actions = _inline_lets(actions, lets, uses)
+        with no_gc():  # ~10^5 short-lived objects; collections would rescan the whole heap
+            built = _seed_actions(actions)
+            if built is None:
+                for k in range(0, len(actions), 10):
+                    run(*parse(f"(rule () ({' '.join(actions[k:k + 10])}) :ruleset optimus_egg_seed)"))
+            else:
+                for k in range(0, len(built), _SEED_CHUNK):
+                    run(bindings.RuleCommand(bindings.Rule(_SPAN, built[k:k + _SEED_CHUNK], [], "", "optimus_egg_seed")))
+                del built
     run(*parse("(run optimus_egg_seed 1)"))
+
+
+def _seed_rules(actions: list[str], lets: dict[str, str], uses: dict[int, tuple[str, ...]]):
+    """The seeding rules' text: _SEED_CHUNK actions each, with the lets their actions read."""
+    for k in range(0, len(actions), _SEED_CHUNK):
+        body, bound = [], set()
+        for i in range(k, min(k + _SEED_CHUNK, len(actions))):
+            for v in uses.get(i, ()):
+                if v not in bound:
+                    bound.add(v)
+                    body.append(f"(let {v} {lets[v]})")
+            body.append(actions[i])
+        yield f"(rule () ({' '.join(body)}) :ruleset optimus_egg_seed :name \"optimus_egg_seed_{k}\")\n"
+
+
+def _write_seed_program(actions, lets, uses) -> str | None:
+    """The seeding program in a temporary file (its path), or None if none can be written."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="optimus_egg_seed_", suffix=".egg")
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(_seed_rules(actions, lets, uses))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    return path
+
+
+def _inline_lets(actions: list[str], lets: dict[str, str], uses: dict[int, tuple[str, ...]]) -> list[str]:
+    """`actions` with each let variable replaced by its term (outside string literals)."""
+    if not uses:
+        return actions
+    out = list(actions)
+    for i, names in uses.items():
+        pattern = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![^\s()])(' + "|".join(map(re.escape, names)) + r')(?![^\s()])')
+        out[i] = pattern.sub(lambda m: lets[m.group(1)] if m.group(1) else m.group(0), out[i])
+    return out
 
 
 @contextlib.contextmanager
@@ -315,10 +375,24 @@ def _bound_args(node: fx.Node) -> dict:
         return {}
 
 
-def _is_mutation(node: fx.Node) -> bool:
+def _submodules(gm: fx.GraphModule | None) -> dict[str, torch.nn.Module]:
+    """Every submodule by dotted name, found once (a `get_submodule` per node walks the path)."""
+    return dict(gm.named_modules(remove_duplicate=False)) if gm is not None else {}
+
+
+def _submodule(node: fx.Node, modules: dict | None):
+    """The module a call_module node calls (None without an owning module)."""
+    gm = node.graph.owning_module
+    if gm is None:
+        return None
+    mod = modules.get(node.target) if modules is not None and isinstance(node.target, str) else None
+    return mod if mod is not None else gm.get_submodule(node.target)
+
+
+def _is_mutation(node: fx.Node, modules: dict | None = None) -> bool:
     if node.op == "call_module":  # nn.ReLU(inplace=True) writes into its input
-        gm = node.graph.owning_module
-        return gm is not None and getattr(gm.get_submodule(node.target), "inplace", False) is True
+        mod = _submodule(node, modules)
+        return mod is not None and getattr(mod, "inplace", False) is True
     if node.op not in ("call_function", "call_method"):
         return False
     if node.target is operator.setitem:
@@ -344,13 +418,12 @@ def _is_view(node: fx.Node) -> bool:
     return False
 
 
-def _draws_random(node: fx.Node) -> bool:
+def _draws_random(node: fx.Node, modules: dict | None = None) -> bool:
     """An RNG draw that Node.is_impure misses. It knows torch.rand_like & co., but not F.dropout
     (a Python function), torch.dropout, nor a Dropout module in training mode; left unordered,
     two such draws could be emitted in the other order and get each other's masks."""
     if node.op == "call_module":
-        gm = node.graph.owning_module
-        mod = gm.get_submodule(node.target) if gm is not None else None
+        mod = _submodule(node, modules)
         if isinstance(mod, torch.nn.RReLU):
             return mod.training
         return isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.training and mod.p != 0
@@ -372,12 +445,24 @@ def _draws_random(node: fx.Node) -> bool:
     return training is not False and p != 0  # an FX-computed flag counts as a draw
 
 
-def _ordered_effects(graph: fx.Graph) -> list[fx.Node]:
+def _is_impure(node: fx.Node, modules: dict | None) -> bool:
+    """Node.is_impure, with a call_module's module found in `modules`."""
+    if node.op == "call_module" and modules is not None and node.graph.owning_module is not None:
+        mod = _submodule(node, modules)
+        if mod is not None:
+            return getattr(mod, "_is_impure", False)  # what Node.is_impure reads
+    return node.is_impure()
+
+
+def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list | None = None) -> list[fx.Node]:
     """Nodes whose order must be kept, in graph order: those touching a mutated tensor or one
-    of its views, and calls kept for what they do (asserts, export's guards, RNG draws)."""
+    of its views, and calls kept for what they do (asserts, export's guards, RNG draws).
+    `mutated`: the mutating nodes, if already known."""
     impure = {n for n in graph.nodes
-              if n.op in ("call_function", "call_module", "call_method") and (n.is_impure() or _draws_random(n))}
-    mutated = [n for n in graph.nodes if _is_mutation(n)]
+              if n.op in ("call_function", "call_module", "call_method")
+              and (_is_impure(n, modules) or _draws_random(n, modules))}
+    if mutated is None:
+        mutated = [n for n in graph.nodes if _is_mutation(n, modules)]
     if not mutated:
         return [n for n in graph.nodes if n in impure]
     aliased: set[fx.Node] = set()
@@ -387,9 +472,9 @@ def _ordered_effects(graph: fx.Graph) -> list[fx.Node]:
         if n in aliased:
             continue
         aliased.add(n)
-        if _is_view(n) or _is_mutation(n):
+        if _is_view(n) or _is_mutation(n, modules):
             todo.extend(n.all_input_nodes[:1])
-        todo.extend(u for u in n.users if _is_view(u) or _is_mutation(u))
+        todo.extend(u for u in n.users if _is_view(u) or _is_mutation(u, modules))
     touched = set(aliased)
     for n in aliased:
         touched.update(u for u in n.users if u.op != "output")
@@ -440,11 +525,12 @@ class Meta:
     device: torch.device
 
 
-def propagate_shapes(gm: fx.GraphModule, inputs: list) -> dict[fx.Node, Any]:
+def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool | None = None) -> dict[fx.Node, Any]:
     """node -> example value (or its Meta) for every node, from meta or by propagation.
 
     Graphs without mutation run for real under no_grad (fast, and no first-use cost of fake
     tensors); graphs with in-place ops propagate fake tensors so example inputs are untouched.
+    `mutates`: whether the graph has in-place ops, if already known.
     """
     vals = {n: _meta_value(n) for n in gm.graph.nodes}
     if all(v is not None for n, v in vals.items() if n.op != "output"):
@@ -456,7 +542,7 @@ def propagate_shapes(gm: fx.GraphModule, inputs: list) -> dict[fx.Node, Any]:
         return r
 
     try:
-        if any(_is_mutation(n) for n in gm.graph.nodes):
+        if mutates if mutates is not None else any(_is_mutation(n) for n in gm.graph.nodes):
             from torch._subclasses.fake_tensor import FakeTensorMode
             from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -505,8 +591,10 @@ def _depths(graph: fx.Graph) -> dict[fx.Node, int]:
 # ---- lowering ------------------------------------------------------------------------
 
 class _Lowerer:
-    def __init__(self, gm: fx.GraphModule, values: dict):
+    def __init__(self, gm: fx.GraphModule, values: dict, modules: dict | None = None, mutated: list | None = None):
         self.gm = gm
+        self.modules = _submodules(gm) if modules is None else modules
+        self._params: dict[str, torch.nn.Parameter] | None = None
         self.values = values
         self.egraph = EGraph()
         self.nodes: list[fx.Node] = []
@@ -514,12 +602,16 @@ class _Lowerer:
         self._template_ids: dict[str, int] = {}
         self.leaves: dict[str, fx.Node] = {}
         self.expr: dict[fx.Node, Any] = {}
-        self.pieces: dict[fx.Node, Any] = {}    # tuple-valued node -> Pieces
+        self.pieces: dict[fx.Node, Any] = {}    # tuple-valued node -> the variable naming its Pieces
         self.facts: list = []
+        self.lets: dict[str, str] = {}          # variable -> Pieces term (see register_text)
+        self.uses: dict[int, tuple[str, ...]] = {}  # fact index -> the variables it reads
+        self.reading: list[str] = []            # variables read by the node being lowered
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}
-        self.effects = _ordered_effects(gm.graph)
+        self.effects = _ordered_effects(gm.graph, self.modules, mutated)
         self.effect_set = set(self.effects)
         self.kind: dict[fx.Node, tuple] = {}   # node -> (family, key, payload) for grouping
+        self.first_name: dict[str, str] = {}  # term -> the (node k) that first named it
         self.lhs_kind: dict[fx.Node, tuple] = {}  # linear -> (input, dtype, no bias, out features)
 
     # templates ---------------------------------------------------------------
@@ -551,6 +643,7 @@ class _Lowerer:
     def lower(self, n: fx.Node, deps: list):
         idx = len(self.nodes)
         self.nodes.append(n)
+        self.reading = []
         v = self.values.get(n)
         shp = _static_shape(v)
         if shp is not None:
@@ -568,14 +661,20 @@ class _Lowerer:
                 e = self.opaque(n, [], shared=self.is_pure(n))
         if e is None:
             return
-        if isinstance(e, tuple):  # ("pieces", P): inlined into each item
-            self.pieces[n] = e[1]
+        if isinstance(e, tuple):  # ("pieces", P): named once, each item refers to the name
+            var = f"pieces_{idx}"
+            self.lets[var] = e[1]
+            self.pieces[n] = var
             return
         # Every value is named by (node idx): later terms refer to it instead of nesting it,
         # so the seed program is linear in graph size, and the name marks the FX origin.
         ref = _app("node", idx)
         self.facts.append(_app("union", ref, e))
-        self.expr[n] = ref
+        if self.reading:
+            self.uses[len(self.facts) - 1] = tuple(dict.fromkeys(self.reading))
+        # Equal terms are one e-class; later terms name it by its first node, so that two FX
+        # copies of one value (flatten(x) traced twice) group as one input (batch_linear_lhs).
+        self.expr[n] = self.first_name.setdefault(e, ref)
         if shp is not None:
             self.facts.append(_app("set", _app("shape", ref), _vec(shp)))
 
@@ -583,7 +682,7 @@ class _Lowerer:
         if n.op == "call_module":
             return False
         name = _name(n.target).lstrip("_") if n.target is not operator.getitem else "getitem"
-        if name in _RANDOM or _is_mutation(n):
+        if name in _RANDOM or _is_mutation(n, self.modules):
             return False
         return name in _PURE_NAMES or _name(n.target) in _PURE_NAMES or n.target in _BINARY
 
@@ -610,6 +709,11 @@ class _Lowerer:
             return self.kind[n][1]
         v = self.values.get(n)
         return len(v) if isinstance(v, (tuple, list)) else None
+
+    def item(self, src: fx.Node, i: int) -> str:
+        """Item i of tuple-valued `src`: its Pieces by name (bound by the seeding rule)."""
+        self.reading.append(self.pieces[src])
+        return _app("item", self.pieces[src], i)
 
     def operand(self, a: fx.Node):
         if a in self.pieces:
@@ -640,9 +744,8 @@ class _Lowerer:
                 x, ns, w, b, eps = src.args
                 return self.make_layer_norm(n, x, list(ns), w, b, float(eps))
             if isinstance(src, fx.Node) and src in self.pieces and isinstance(n.args[1], int):
-                p = self.pieces[src]
                 i = n.args[1]
-                return _app("item", p, i if i >= 0 else i + self.n_pieces(src))
+                return self.item(src, i if i >= 0 else i + self.n_pieces(src))
             return None
         name = t if n.op == "call_method" else None
         key = name if name is not None else t
@@ -670,7 +773,7 @@ class _Lowerer:
                 d = self.dim(n, d)  # the output's rank fixes a negative dim for cat and stack alike
                 if d is None or not count:
                     raise Unsupported(f"{n.name}: cannot lower {key} of a whole tuple here")
-                items = (_app("item", self.pieces[xs], i) for i in range(count))
+                items = [self.item(xs, i) for i in range(count)]
                 return _app("stack" if key in _STACK else "cat", _vec(items), d)
             if not isinstance(xs, (list, tuple)) or not all(isinstance(a, fx.Node) for a in xs):
                 return None
@@ -717,7 +820,9 @@ class _Lowerer:
         return self.kind[n][1]
 
     def module(self, n: fx.Node):
-        mod = self.gm.get_submodule(n.target)
+        mod = self.modules.get(n.target) if isinstance(n.target, str) else None
+        if mod is None:
+            mod = self.gm.get_submodule(n.target)
         x = n.args[0] if n.args else None
         if isinstance(mod, torch.nn.Linear):
             return self.make_linear(n, x, self.attr(f"{n.target}.weight"),
@@ -905,8 +1010,15 @@ class _Lowerer:
 
     def shape_of(self, a):
         if isinstance(a, str):
-            return tuple(self.gm.get_parameter(a[5:]).shape) if a.startswith("attr:") else None
+            return tuple(self.parameter(a[5:]).shape) if a.startswith("attr:") else None
         return self.shapes.get(a)
+
+    def parameter(self, target: str) -> torch.nn.Parameter:
+        """gm.get_parameter(target), from a table of all parameters built once."""
+        if self._params is None:
+            self._params = dict(self.gm.named_parameters(remove_duplicate=False))
+        p = self._params.get(target)
+        return p if p is not None else self.gm.get_parameter(target)
 
     def dtype(self, a) -> str:
         v = self.values.get(a)
@@ -963,10 +1075,11 @@ class _Lowerer:
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, dt, nobias, _) in self.lhs_kind.items():
             if n in self.expr and n in self.shapes:
-                buckets[(x, dt, nobias, depth[n])].append(n)
-        for (x, *_), members in buckets.items():
+                buckets[(self.expr.get(x, x), dt, nobias, depth[n])].append(n)  # equal inputs: one key
+        for members in buckets.values():
             if len(members) < 2:
                 continue
+            x = self.lhs_kind[members[0]][0]
             counts["linear_lhs"] += 1
             g = counts["_lhs"] = counts.get("_lhs", 0) + 1
             g = -g  # lhs groups count down so their ids never meet the batch groups'
@@ -985,8 +1098,10 @@ class _Lowerer:
 def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True) -> Lowered:
     """Lower `gm` into a fresh e-graph; raises ValueError on inputs that do not fit the graph."""
     inputs = check_inputs(gm, example_inputs)
-    values = propagate_shapes(gm, inputs)
-    lw = _Lowerer(gm, values)
+    modules = _submodules(gm)
+    mutated = [n for n in gm.graph.nodes if _is_mutation(n, modules)]
+    values = propagate_shapes(gm, inputs, mutates=bool(mutated))
+    lw = _Lowerer(gm, values, modules, mutated)
     prev_effect = None
     out_node = None
     for n in gm.graph.nodes:
@@ -1013,6 +1128,6 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True) -> 
         outs.append(prev_effect)  # keeps the last effect (and its chain) alive
     root = _app("outputs", _vec(outs))
     groups = lw.seed_groups() if seed_groups else {}
-    register_text(lw.egraph, [*lw.facts, root])
+    register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
                    lw.expr, groups, lw.shapes)
