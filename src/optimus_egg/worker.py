@@ -44,9 +44,16 @@ class Worker:
         # unfreezes; otherwise the parent unfreezes right after the fork.
         outer = gc.get_freeze_count() > 0
         gc.freeze()
-        with warnings.catch_warnings():  # Python 3.12 warns about fork() with threads alive
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        try:
+            with warnings.catch_warnings():  # Python 3.12 warns about fork() with threads alive
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:
+            if not outer:
+                gc.unfreeze()
+            os.close(r)
+            os.close(w)
+            raise
         if pid != 0 and not outer:
             gc.unfreeze()
         if pid == 0:  # the child: never returns into the caller's stack
