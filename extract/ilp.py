@@ -40,6 +40,10 @@ def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))
+    # HiGHS stops at a 1e-4 relative gap by default, which can accept a solution one 0.001
+    # tie-breaker (EPS) worse than the best; "optimal" here means exact below that.
+    h.setOptionValue("mip_rel_gap", 0.0)
+    h.setOptionValue("mip_abs_gap", EPS / 10)
     n_x, n_t = len(node_ids), len(classes)
     costs = np.array([own[k] for k in node_ids] + [0.0] * n_t)
     lower = np.zeros(n_x + n_t)

@@ -72,7 +72,8 @@ def test_greedy_is_acyclic_and_close_to_ilp(saturated, name):
     assert_acyclic(g, gr.choice)
     exact = ilp(g, cost, 20)
     assert exact.extraction is not None
-    assert exact.extraction.cost <= gr.cost + 1e-9  # the ILP is a lower bound when optimal
+    if exact.optimal:  # a time-limited ILP (a loaded machine) is only an upper bound
+        assert exact.extraction.cost <= gr.cost + 1e-9
     assert gr.cost / exact.extraction.cost <= 1.02, (gr.cost, exact.extraction.cost)
 
 
