@@ -97,12 +97,16 @@ def fused_launches(gm: fx.GraphModule) -> int:
         for a in sources(n):
             if a not in free_cat and (not leafy[a] or not leafy[n]):
                 union(a, n)
-    groups = {find(n) for n in compute if n not in free_cat and not leafy[find(n)]}
-    lonely_copies = {find(n) for n in compute if n not in free_cat and leafy[find(n)]}
-    externs = sum(1 for k in kind.values() if k == "extern")
-    sizes: dict[fx.Node, int] = {}
+    sizes: dict[fx.Node, int] = {}   # fused group -> its nodes
+    lonely_copies = 0                # copies of inputs / parameters feeding only GEMMs
     for n in compute:
-        if n not in free_cat and not leafy[find(n)]:
-            sizes[find(n)] = sizes.get(find(n), 0) + 1
-    kernels = sum(math.ceil(s / MAX_FUSION) for s in sizes.values()) if groups else 0
-    return externs + kernels + math.ceil(len(lonely_copies) / MAX_FUSION)
+        if n in free_cat:
+            continue
+        root = find(n)
+        if leafy[root]:
+            lonely_copies += 1
+        else:
+            sizes[root] = sizes.get(root, 0) + 1
+    externs = sum(1 for k in kind.values() if k == "extern")
+    kernels = sum(math.ceil(s / MAX_FUSION) for s in sizes.values())
+    return externs + kernels + math.ceil(lonely_copies / MAX_FUSION)
