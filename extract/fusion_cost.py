@@ -25,10 +25,10 @@ MAX_FUSION = 64  # Inductor's config.max_fusion_size: nodes per fused kernel
 _FREE_TARGETS = VIEW_TARGETS | {"getattr", "size", "dim", "sym_size"}
 
 
-def _target_name(n: fx.Node, gm: fx.GraphModule) -> str:
+def _target_name(n: fx.Node, modules: dict) -> str:
     t = n.target
     if n.op == "call_module":
-        return type(gm.get_submodule(t)).__name__.lower()
+        return type(modules[t]).__name__.lower()
     if isinstance(t, str):
         return t
     name = getattr(t, "__name__", str(t))
@@ -42,13 +42,14 @@ def fused_launches(gm: fx.GraphModule) -> int:
     """Predicted Inductor kernel launches of `gm` (extern calls + fused kernels)."""
     kind: dict[fx.Node, str] = {}   # leaf | view | extern | compute
     leafy: dict[fx.Node, bool] = {}  # computed from graph inputs / parameters only
+    modules = dict(gm.named_modules(remove_duplicate=False))
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
             kind[n], leafy[n] = "leaf", True
             continue
         if n.op == "output":
             continue
-        name = _target_name(n, gm)
+        name = _target_name(n, modules)
         ins = [a for a in n.all_input_nodes if a in kind]
         if name in _FREE_TARGETS or name == "getitem" or name == "dropout":
             kind[n] = "view"
@@ -88,7 +89,7 @@ def fused_launches(gm: fx.GraphModule) -> int:
     compute = [n for n in gm.graph.nodes if kind.get(n) == "compute"]
     free_cat = set()
     for n in compute:
-        name = _target_name(n, gm)
+        name = _target_name(n, modules)
         if name in COPIES and not leafy[n] and all(kind.get(a) != "leaf" for a in n.all_input_nodes):
             free_cat.add(n)  # producers write straight into the output buffer
     for n in compute:

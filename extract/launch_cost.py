@@ -14,7 +14,8 @@ whole graph with its fusion, and optimize() checks its result with it.
 """
 from __future__ import annotations
 
-FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze"}
+FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
+        "reshape"}  # reshape copies where strides allow no view; a template reshape costs 0 too
 COST = {"linear": 1.0, "batched_linear": 1.0, "layer_norm": 1.0, "batched_layer_norm": 1.0,
         "cat": 0.25, "stack": 0.25, "flatten": 0.25}  # flatten copies when its input is not contiguous
 ELEMENTWISE = 0.5
@@ -22,10 +23,13 @@ VIEW_TARGETS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose
                 "squeeze", "unsqueeze", "expand", "narrow", "select", "getitem", "split", "chunk",
                 "unbind", "view_as", "reshape_as", "contiguous", "detach", "size", "dim",
                 "split_with_sizes", "diagonal", "as_strided", "sym_size", "getattr"}
+# Template calls by FX target name; batched_* are optimus_egg's own ops (src/optimus_egg/ops.py)
+# in a graph it already optimized, which must cost what their constructors cost.
 GEMM_TARGETS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "einsum", "embedding_bag",
-                "conv1d", "conv2d", "scaled_dot_product_attention"}
+                "conv1d", "conv2d", "scaled_dot_product_attention", "batched_linear"}
 REDUCTION_TARGETS = {"sum", "mean", "softmax", "log_softmax", "amax", "max", "min", "layer_norm",
-                     "native_layer_norm", "var", "std", "norm", "cumsum", "prod", "logsumexp"}
+                     "native_layer_norm", "var", "std", "norm", "cumsum", "prod", "logsumexp",
+                     "batched_layer_norm"}
 
 
 def launch_cost(op: str, target_name: str | None = None) -> float:

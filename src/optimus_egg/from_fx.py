@@ -324,6 +324,7 @@ _CHUNK = {torch.chunk, "chunk", aten.chunk.default}
 _UNBIND = {torch.unbind, "unbind", aten.unbind.int}
 _SQUEEZE = {torch.squeeze, torch.Tensor.squeeze, "squeeze", aten.squeeze.dim}  # with one int dim only
 _NARROW = {torch.narrow, torch.Tensor.narrow, "narrow", aten.narrow.default}
+_RESHAPE = {torch.reshape, torch.Tensor.reshape, torch.Tensor.view, "reshape", "view"}  # to static int sizes only
 _DROPOUT = {F.dropout, torch.dropout, aten.dropout.default}
 _VIEW_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t",
                  "movedim", "squeeze", "unsqueeze", "expand", "narrow", "select", "split",
@@ -608,6 +609,7 @@ class _Lowerer:
         self.uses: dict[int, tuple[str, ...]] = {}  # fact index -> the variables it reads
         self.reading: list[str] = []            # variables read by the node being lowered
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}
+        self.shape_seeded: set[fx.Node] = set()  # values whose shape fact is seeded (see sliced)
         self.effects = _ordered_effects(gm.graph, self.modules, mutated)
         self.effect_set = set(self.effects)
         self.kind: dict[fx.Node, tuple] = {}   # node -> (family, key, payload) for grouping
@@ -675,8 +677,6 @@ class _Lowerer:
         # Equal terms are one e-class; later terms name it by its first node, so that two FX
         # copies of one value (flatten(x) traced twice) group as one input (batch_linear_lhs).
         self.expr[n] = self.first_name.setdefault(e, ref)
-        if shp is not None:
-            self.facts.append(_app("set", _app("shape", ref), _vec(shp)))
 
     def is_pure(self, n: fx.Node) -> bool:
         if n.op == "call_module":
@@ -719,6 +719,17 @@ class _Lowerer:
         if a in self.pieces:
             raise Unsupported(f"tuple value {a.name} used whole")
         return self.expr[a]
+
+    def sliced(self, a: fx.Node):
+        """operand(a), for a split, unbind or narrow of `a`: the rules that see through those
+        guard on its whole shape, so its shape fact is seeded (once). Other values' shapes stay
+        out of the e-graph (a third of the seed program, read by no rule); the rules set the
+        shapes of the stacked and batched values they build."""
+        e = self.operand(a)
+        if a not in self.shape_seeded:
+            self.shape_seeded.add(a)
+            self.facts.append(_app("set", _app("shape", e), _vec(self.shapes[a])))
+        return e
 
     def arg(self, n: fx.Node, i: int, name: str, default=None):
         if len(n.args) > i:
@@ -790,9 +801,11 @@ class _Lowerer:
             if d is None or not self.tuple_valued(n) or x not in self.shapes:
                 return None
             self.kind[n] = ("n", self.shapes[x][d])
-            return ("pieces", _app("unbind", self.operand(x), d))
+            return ("pieces", _app("unbind", self.sliced(x), d))
         if key in _SQUEEZE or key in _NARROW:
             return self.make_view(n, key in _NARROW)
+        if key in _RESHAPE:
+            return self.make_reshape(n)
         if key in _DROPOUT:
             training = self.arg(n, 2, "training", True) if key is F.dropout else self.arg(n, 2, "train", True)
             p = self.arg(n, 1, "p", 0.5)
@@ -986,7 +999,21 @@ class _Lowerer:
         # Where each piece starts (merge_splits reads it); a walk in the rules would take one
         # iteration per piece.
         self.facts.append(_app("set", _app("split_starts", _vec(sizes)), _vec(itertools.accumulate(sizes[:-1], initial=0))))
-        return ("pieces", _app("split", self.operand(x), _vec(sizes), d))
+        return ("pieces", _app("split", self.sliced(x), _vec(sizes), d))
+
+    def make_reshape(self, n):
+        """reshape(x, sizes) / x.view(sizes) to ints: reshape to the output's static shape (-1
+        resolved). A view to a dtype, or sizes computed in the graph, stay templates."""
+        if not n.args or set(n.kwargs) - {"shape", "size"}:
+            return None
+        x, sizes = n.args[0], [*n.args[1:], *n.kwargs.values()]
+        if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):  # x.view((2, 3)), torch.reshape(x, (2, 3))
+            sizes = list(sizes[0])
+        if not isinstance(x, fx.Node) or n not in self.shapes or len(sizes) != len(self.shapes[n]):
+            return None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
+            return None
+        return _app("reshape", self.operand(x), _vec(self.shapes[n]))
 
     def make_view(self, n, is_narrow: bool):
         """squeeze(x, d) of a size-1 dim, narrow(x, d, start, length) in bounds; static ints only."""
@@ -1006,7 +1033,7 @@ class _Lowerer:
         start, length = ints[1] + (shp[d] if ints[1] < 0 else 0), ints[2]
         if not (0 <= start and 0 <= length and start + length <= shp[d]):
             return None
-        return _app("narrow", self.operand(x), d, start, length)
+        return _app("narrow", self.sliced(x), d, start, length)
 
     def shape_of(self, a):
         if isinstance(a, str):

@@ -153,17 +153,14 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     report.groups = lowered.groups
     report.timings["from_fx"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    g0 = serialize(lowered.egraph)
-    report.cost_before = greedy(g0, node_cost(lowered, g0)).cost
-    report.cost_after = report.cost_before
-    report.timings["extract"] = time.perf_counter() - t
+    before = _Before(gm, lowered, report)
     if budget_s == 0:
+        before.measure()
         report.stop_reason = "budget"
         return gm
 
     rulesets = enabled_rulesets(disable)
-    found = _search(lowered, rulesets, limits, budget_s, report.timings["extract"])
+    found = _search(lowered, rulesets, limits, budget_s, before)
     sat = found.sat
     report.timings["saturate"] = sat.seconds
     report.iterations, report.stop_reason = sat.iterations, sat.stop_reason
@@ -181,12 +178,40 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     report.timings["to_fx"] = time.perf_counter() - t
     # The per-node table cannot see fusion; the whole-graph estimate can. Keep the input if
     # it predicts more launches for the result (never seen on the bench models).
-    report.launches_before, report.launches_after = fused_launches(gm), fused_launches(out)
+    report.launches_before, report.launches_after = before.launches(), fused_launches(out)
     if report.launches_after > report.launches_before:
         report.launches_after = report.launches_before
         return gm
     report.cost_after, report.changed = ex.cost, True
     return out
+
+
+class _Before:
+    """The input graph's costs: its extraction from the seeded e-graph (the launch cost the
+    result must beat, and how long an extraction takes) and its whole-graph launch estimate.
+    With a worker, the parent measures these while the worker searches."""
+
+    def __init__(self, gm: fx.GraphModule, lowered: Lowered, report: Report):
+        self.gm, self.lowered, self.report = gm, lowered, report
+        self.extract_s: float | None = None
+
+        self.launches_before: int | None = None
+
+    def measure(self) -> float:
+        """Fill the report's cost_before (and cost_after); returns the extraction's seconds."""
+        if self.extract_s is None:
+            t = time.perf_counter()
+            g0 = serialize(self.lowered.egraph)
+            self.report.cost_before = self.report.cost_after = greedy(g0, node_cost(self.lowered, g0)).cost
+            self.extract_s = time.perf_counter() - t
+            self.report.timings["extract"] = self.extract_s
+        return self.extract_s
+
+    def launches(self) -> int:
+        """The input graph's whole-graph launch estimate (extract/fusion_cost.py)."""
+        if self.launches_before is None:
+            self.launches_before = fused_launches(self.gm)
+        return self.launches_before
 
 
 @dataclass
@@ -225,47 +250,60 @@ def _chosen_part(g: Graph, ex: Extraction) -> Graph:
                  values, {c: o for c, o in g.origins.items() if c in ex.choice}, g.root)
 
 
-def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, extract_s: float) -> _Found:
+# Seconds per e-graph node of one extraction, assumed by the worker until it has timed its own
+# (measured: 10-70 microseconds; a high guess only delays the first snapshot).
+_EXTRACT_S_PER_NODE = 1e-4
+
+
+def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before: _Before) -> _Found:
     """Saturate for `budget_s` seconds and extract; a hard deadline when a worker can be forked.
 
     The worker (a fork of this process, holding the seeded e-graph) saturates with the usual
     between-iteration checks, extracts, and sends the result. While searching it also sends
     its e-graph size after each iteration and, when an extraction costs at most as long as
-    the search since the last one, a snapshot extraction. The parent waits until
-    deadline + allowance(size), where the allowance is twice the seed graph's extraction time
-    scaled by the e-graph's growth (bounded by the node limit), then kills the worker and
-    keeps the cheapest extraction it has: the final one, a snapshot, or none (the input graph).
+    the search since the last one, a snapshot extraction. Meanwhile the parent measures the
+    input's costs (`before`). It then waits until deadline + allowance(size), where the
+    allowance is twice the seed graph's extraction time scaled by the e-graph's growth
+    (bounded by the node limit), kills the worker and keeps the cheapest extraction it has:
+    the final one, a snapshot, or none (the input graph).
     """
-    deadline = time.perf_counter() + budget_s
     if not (limits.worker and worker.available()):
-        sat = saturate(lowered.egraph, rulesets, limits, deadline)
+        before.measure()
+        sat = saturate(lowered.egraph, rulesets, limits, time.perf_counter() + budget_s)
         return _extract(lowered, sat, prune=False) if sat.iterations else _Found(sat)
 
+    deadline = time.perf_counter() + budget_s
     warm(rulesets)
-    size0 = max(egraph_nodes(lowered.egraph), 1)
-
-    def extract_estimate(size: int) -> float:
-        return extract_s * size / size0
 
     def work(send) -> None:
         start = last = time.perf_counter()
+        per_node = _EXTRACT_S_PER_NODE
 
         def snapshot(rep: SaturationReport) -> None:
-            nonlocal last
+            nonlocal last, per_node
             send(("progress", rep.nodes))
             now = time.perf_counter()
-            if now - last >= extract_estimate(rep.nodes):
+            if now - last >= per_node * rep.nodes:
                 rep.seconds, rep.stop_reason = now - start, "budget"  # what it means if it is kept
-                send(("snapshot", _extract(lowered, rep, prune=True)))
+                found = _extract(lowered, rep, prune=True)
+                per_node = found.extract_s / max(rep.nodes, 1)
+                send(("snapshot", found))
                 last = time.perf_counter()
 
         sat = saturate(lowered.egraph, rulesets, limits, deadline, on_iteration=snapshot)
         send(("done", _extract(lowered, sat, prune=True) if sat.iterations else _Found(sat)))
 
     best: _Found | None = None
-    hard = deadline + 0.05 + 2 * extract_estimate(size0)
     w = worker.Worker(work)
     try:
+        size0 = max(egraph_nodes(lowered.egraph), 1)
+        extract_s = before.measure()  # while the worker searches
+        before.launches()
+
+        def hard_deadline(size: int) -> float:
+            return deadline + 0.05 + 2 * extract_s * size / size0
+
+        hard = hard_deadline(size0)
         while True:
             msg = w.recv(until=hard)
             if msg is None:
@@ -277,7 +315,7 @@ def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, extract
             if kind == "error":
                 raise payload
             if kind == "progress":
-                hard = deadline + 0.05 + 2 * extract_estimate(payload)
+                hard = hard_deadline(payload)
             elif kind == "snapshot" and (best is None or payload.ex.cost <= best.ex.cost):
                 best = payload
             elif kind == "done":

@@ -12,10 +12,10 @@ import contextlib
 import gc
 import os
 import pickle
-import select
 import signal
 import struct
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -33,7 +33,12 @@ class WorkerDied(RuntimeError):
 
 
 class Worker:
-    """`work(send)` runs in a forked child; the parent calls `recv(until)` and finally `stop()`."""
+    """`work(send)` runs in a forked child; the parent calls `recv(until)` and finally `stop()`.
+
+    A reader thread in the parent empties the pipe as messages arrive, so the child never
+    blocks on a full pipe while the parent is busy with other work (the caller's thread keeps
+    the e-graph, which egglog binds to the thread that made it).
+    """
 
     def __init__(self, work: Callable[[Callable[[object], None]], None]):
         r, w = os.pipe()
@@ -68,32 +73,49 @@ class Worker:
             finally:
                 os._exit(code)
         os.close(w)
-        self.pid, self.fd, self.buf = pid, r, b""
+        self.pid, self.fd, self.buf, self.eof = pid, r, bytearray(), False
+        self.arrived = threading.Condition()
+        self.reader = threading.Thread(target=self._read, name="optimus_egg-worker-pipe", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except OSError:
+                chunk = b""
+            with self.arrived:
+                self.buf += chunk
+                self.eof = not chunk
+                self.arrived.notify_all()
+            if not chunk:
+                return
 
     def recv(self, until: float) -> object | None:
         """The next message, or None when `until` (perf_counter time) passes first."""
-        while True:
-            if len(self.buf) >= _HEADER.size:
-                (n,) = _HEADER.unpack_from(self.buf)
-                if len(self.buf) >= _HEADER.size + n:
-                    body = self.buf[_HEADER.size:_HEADER.size + n]
-                    self.buf = self.buf[_HEADER.size + n:]
-                    return pickle.loads(body)
-            left = until - time.perf_counter()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
-                return None
-            chunk = os.read(self.fd, 1 << 20)
-            if not chunk:
-                raise WorkerDied("the search worker exited without a result")
-            self.buf += chunk
+        with self.arrived:
+            while True:
+                if len(self.buf) >= _HEADER.size:
+                    (n,) = _HEADER.unpack_from(self.buf)
+                    if len(self.buf) >= _HEADER.size + n:
+                        body = bytes(self.buf[_HEADER.size:_HEADER.size + n])
+                        del self.buf[:_HEADER.size + n]
+                        return pickle.loads(body)
+                if self.eof:
+                    raise WorkerDied("the search worker exited without a result")
+                left = until - time.perf_counter()
+                if left <= 0:
+                    return None
+                self.arrived.wait(left)
 
     def stop(self) -> None:
-        """Kill the child (if still running) and reap it."""
+        """Kill the child (if still running) and reap it; the reader then sees the pipe close."""
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         os.waitpid(self.pid, 0)
+        self.reader.join()
         os.close(self.fd)
 
 
