@@ -7,18 +7,22 @@
 Not part of `pytest tests` (pyproject's testpaths is tests/). Each round optimizes a fresh
 trace of the model with one torch thread; extra_info carries the report (launch cost before
 and after, e-graph size, stop reason) so the saved JSON says what each timing bought.
+
+    pytest bench/test_bench.py -k family_script  # smoke test of one bench/<family>.py (under a minute)
 """
 from __future__ import annotations
 
 import os
 
+import _family
+import pieces
 import pytest
 import torch
-import torch.fx as fx
+from optimus_egg.models import build
+from torch import fx
 
 from optimus_egg import optimize
 from optimus_egg.bench import BIG_MODEL, default_models
-from optimus_egg.models import build
 
 BUDGET_S = 1.0
 MODELS = default_models() + ([BIG_MODEL] if os.environ.get("OPTIMUS_EGG_BENCH_BIG") else [])
@@ -49,3 +53,16 @@ def test_optimize(benchmark, name):
     )
     assert report.fallback is None, report.fallback
     assert report.cost_after <= report.cost_before + 1e-9
+
+
+def test_family_script_end_to_end(tmp_path):
+    """The cheapest family script, bench/pieces.py, into a fresh CSV: a row per arm, values
+    equal to eager, and the family's rules fired in optimus_egg."""
+    results = tmp_path / "families.csv"
+    argv = ["--rounds", "3", "--results", str(results)]
+    assert _family.main(pieces.FAMILY, pieces.MODEL, pieces.make, argv) == 0
+    rows = _family.read(results)
+    assert [(r["family"], r["arm"]) for r in rows] == [("pieces", arm) for arm in _family.ARMS]
+    assert all(r["values_match"] == "True" and float(r["ms"]) > 0 for r in rows)
+    egg = rows[-1]
+    assert egg["family_fired"] == "True" and "pieces-step=" in egg["rule_counters"]

@@ -7,12 +7,12 @@ process, under these arms and returns one row (a dict, see `COLUMNS`) per arm:
 * ``optimus``            Inductor + PyTorch's Optimus (baselines.inductor_with_optimus; its
                          post-grad ATen passes too when training)
 * ``optimus_egg@<b>s``   optimus_egg.optimize at budget b seconds, then Inductor
-* ``greedy_rules``       the ablation: optimus_egg's own rules without the e-graph search.
-                         Approximated as ``optimize(..., limits=Limits(iterations=1))``: one
-                         saturation round (vertical families to their fixpoint, each
-                         horizontal family once) and then the usual extraction, so the
-                         rewrites that need a second round (what one rewrite exposes to
-                         another) are not found.
+* ``greedy_rules``       the ablation: optimus_egg's own rules applied greedily, one family
+                         at a time, no e-graph search (``ablation.rewrite_greedily``): each
+                         family in SCHEDULE_ORDER gets one round and its extraction is
+                         committed before the next family runs, passes repeating until
+                         nothing changes. Its optimize_s is the whole ablation's time; its
+                         report columns sum the steps (see ``ablation.GreedyReport``).
 
 Every arm compiles with ``measure.compile_inductor`` (after one uncounted warm-up compile of
 a tiny graph per process, so the first arm does not pay Inductor's start-up) and is checked
@@ -50,7 +50,6 @@ from optimus_egg.measure import _tensors
 __all__ = [
     "COLUMNS",
     "GREEDY_RULES",
-    "greedy_rules_limits",
     "default_models",
     "BIG_MODEL",
     "run_model",
@@ -80,13 +79,6 @@ COLUMNS = [
     "peak_rss_mb", "egraph_nodes", "iterations", "stop_reason", "cost_before", "cost_after",
     "changed", "values_match", "grads_match", "rule_counters", "threads", "rounds",
 ]
-
-
-def greedy_rules_limits():
-    """The ablation's limits: a single saturation round."""
-    from optimus_egg.saturate import Limits
-
-    return Limits(iterations=1)
 
 
 def family_of(model: str) -> str:
@@ -263,7 +255,6 @@ def run_model(
     rounds: int = 30,
     *,
     arms: Sequence[str] | None = None,
-    greedy_rules_budget: float | None = None,
     predict: bool = True,
     out: TextIO | None = None,
     quiet: bool = False,
@@ -272,13 +263,12 @@ def run_model(
     """Run model ``name`` under every arm, one process, and return one row per arm.
 
     ``arms`` picks a subset of ``("inductor", "optimus", "optimus_egg", "greedy_rules")``
-    (default all; the ratio column needs "inductor"). ``greedy_rules_budget`` is the budget
-    given to the one-round ablation (default: the largest of ``budgets``, at least 1 s: the
-    round always runs, the budget only bounds whether it starts). ``predict`` adds the
+    (default all; the ratio column needs "inductor"). ``predict`` adds the
     cost model's prediction (``pred_launches``) for each arm's graph. Progress goes to
     ``out`` (default: sys.stdout at call time) unless ``quiet``.
     """
     from optimus_egg import measure
+    from optimus_egg.ablation import rewrite_greedily
     from optimus_egg.baselines import inductor_with_optimus
     from optimus_egg.models import build
     from optimus_egg.pipeline import optimize
@@ -329,11 +319,9 @@ def run_model(
                 plan.append(_Arm(egg_arm(b), _budget_label(b), egg, time.perf_counter() - t,
                                  report=egg.meta["optimus_egg"]))
         if GREEDY_RULES in wanted:
-            gb = greedy_rules_budget if greedy_rules_budget is not None else max([1.0, *budgets])
-            t = time.perf_counter()
-            egg = optimize(gm, inputs, budget_s=gb, limits=greedy_rules_limits())
-            plan.append(_Arm(GREEDY_RULES, "1 round", egg, time.perf_counter() - t,
-                             report=egg.meta["optimus_egg"]))
+            greedy = rewrite_greedily(gm, inputs)
+            rep = greedy.meta["optimus_egg_greedy"]
+            plan.append(_Arm(GREEDY_RULES, "", greedy, rep.seconds, report=rep))
 
         fns: dict[str, Callable[..., Any]] = {}
         launches: dict[str, Any] = {}
@@ -513,7 +501,7 @@ def markdown_table(rows: list[dict]) -> str:
         arm_names = ["inductor", "optimus", *egg_arms, GREEDY_RULES]
         models = sorted({r["model"] for r in mrows}, key=lambda m: order.get(m, 99))
         by = {(r["model"], r["arm"]): r for r in mrows}
-        short = {"inductor": "Inductor", "optimus": "Optimus", GREEDY_RULES: "1-round rules"}
+        short = {"inductor": "Inductor", "optimus": "Optimus", GREEDY_RULES: "greedy rules"}
         labels = [short.get(a, a.replace("optimus_egg@", "egg@")) for a in arm_names]
         out.append(f"**{title}** — Inductor kernel launches per call (lower is better), median latency "
                    "relative to plain Inductor, optimize + compile seconds; 1 torch thread.\n")
@@ -564,8 +552,8 @@ def render_readme_section(rows: list[dict], results_dir: str | os.PathLike = "be
            "cost-model rank correlation), `python bench/budget_sweep.py`, and "
            "`pytest bench/ --benchmark-only --benchmark-json=bench/results/optimize.json` (optimize() "
            "timings). Launches are counted in Inductor's generated wrapper code (extern GEMMs + C++ "
-           "kernels); \"1-round rules\" is optimus_egg with `Limits(iterations=1)`, its rules without the "
-           "e-graph search.")
+           "kernels); \"greedy rules\" is the ablation `optimus_egg.ablation.rewrite_greedily`: optimus_egg's "
+           "rules one family at a time, each family's result committed before the next runs, no e-graph search.")
     return (f"{README_START}\n<!-- generated by `optimus-egg bench` from every CSV in {results_dir}/; "
             f"edit bench/ or src/optimus_egg/bench.py, not this table -->\n\n{body.strip()}\n\n{how}\n\n{README_END}")
 
@@ -592,7 +580,7 @@ def update_readme(readme: str | os.PathLike, section: str) -> bool:
 
 def plot(rows: list[dict], path: str | os.PathLike) -> Path:
     """Launches and optimize + compile time against budget for the optimus_egg arms, with
-    plain Inductor, Optimus and the one-round ablation as horizontal lines."""
+    plain Inductor, Optimus and the greedy-rules ablation as horizontal lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -612,7 +600,7 @@ def plot(rows: list[dict], path: str | os.PathLike) -> Path:
             if ref is not None:
                 ax.axhline(float(ref[key]), color=color, linestyle=style,
                            label={"inductor": "plain Inductor", "optimus": "Inductor + Optimus",
-                                  GREEDY_RULES: "one-round rules"}[arm])
+                                  GREEDY_RULES: "greedy rules"}[arm])
         if log_x:
             ax.set_xscale("log")
         elif any(x == 0 for x in xs):

@@ -1,0 +1,66 @@
+"""rewrite_greedily: the bench's "rules one family at a time, no search" ablation."""
+import pytest
+import torch
+from optimus_egg.extract.fusion_cost import fused_launches
+from optimus_egg.models import build
+from optimus_egg.rules import SCHEDULE_ORDER
+from torch import fx
+
+from optimus_egg.ablation import GreedyReport, rewrite_greedily
+
+
+@pytest.fixture(scope="module")
+def parallel_mlp():
+    torch.manual_seed(0)
+    model, inputs = build("parallel_mlp", batch=8)
+    model.eval()
+    gm = fx.symbolic_trace(model)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = rewrite_greedily(gm, list(inputs))
+    finally:
+        torch.set_num_threads(before)
+    return gm, list(inputs), out
+
+
+def test_values_equal_the_input_graph(parallel_mlp):
+    gm, inputs, out = parallel_mlp
+    with torch.no_grad():
+        torch.testing.assert_close(out(*inputs), gm(*inputs))
+
+
+def test_steps_commit_one_family_at_a_time(parallel_mlp):
+    _, _, out = parallel_mlp
+    report = out.meta["optimus_egg_greedy"]
+    assert isinstance(report, GreedyReport) and "optimus_egg" not in out.meta
+    first_pass = [s.family for s in report.steps if s.pass_no == 1]
+    assert first_pass == [f for f in SCHEDULE_ORDER if f != "pieces"]
+    assert any(s.changed for s in report.steps) and report.changed
+    assert report.matches.get("batch-linear", 0) > 0
+    assert report.stop_reason == "fixpoint"
+    assert not any(s.changed for s in report.steps if s.pass_no == report.passes)
+    assert report.seconds > 0 and report.fallback is None
+
+
+def test_never_costlier_than_the_input(parallel_mlp):
+    gm, _, out = parallel_mlp
+    report = out.meta["optimus_egg_greedy"]
+    assert report.cost_after < report.cost_before
+    assert fused_launches(out) <= fused_launches(gm)
+
+
+def test_max_passes_stops_early(parallel_mlp):
+    gm, inputs, _ = parallel_mlp
+    report = rewrite_greedily(gm, inputs, max_passes=1).meta["optimus_egg_greedy"]
+    assert report.passes == 1 and report.stop_reason == "max_passes"
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="GraphModule"):
+        rewrite_greedily(torch.nn.Linear(2, 2), [torch.randn(1, 2)])
+    gm = fx.symbolic_trace(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="max_passes"):
+        rewrite_greedily(gm, [torch.randn(1, 2)], max_passes=0)
+    with pytest.raises(TypeError, match="max_passes"):
+        rewrite_greedily(gm, [torch.randn(1, 2)], max_passes=1.5)
