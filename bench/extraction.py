@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
-from optimus_egg.bench import GREEDY_RULES, default_models, read_results, spearman
+from optimus_egg.bench import GREEDY_RULES, default_models, device_of, read_results, spearman
 from optimus_egg.extract.graph import serialize
 from optimus_egg.extract.greedy import greedy
 from optimus_egg.extract.ilp import ilp
@@ -111,7 +111,8 @@ def part1(models: list[str], ilp_limit: float) -> None:
 
 
 def part2(models: list[str]) -> None:
-    rows = [r for r in read_results(RESULTS) if r["mode"] == "infer" and r["model"] in models and r["launches"]]
+    rows = [r for r in read_results(RESULTS)
+            if r["mode"] == "infer" and device_of(r) == "cpu" and r["model"] in models and r["launches"]]
     if not rows:
         print(f"Part 2: no inference results in {RESULTS}; run `optimus-egg bench --all` first")
         return

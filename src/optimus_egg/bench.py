@@ -26,6 +26,12 @@ the only ones comparable from run to run.
 
 ``peak_rss_mb`` is the process's high-water mark after the arm (monotonic within a run);
 bench/budget_sweep.py measures optimize's memory honestly in fresh subprocesses.
+
+``device="cuda"`` builds the model and its inputs on the CPU as usual, moves both to the GPU,
+then traces, optimizes and compiles there (Inductor writes Triton kernels). Launches are
+then counted twice: in the generated wrapper code as on CPU (``launches``), and as the CUDA
+kernels one timed call really launched (``profiled_launches``, torch.profiler; blank on
+CPU). Results go to ``<model>[_train]_cuda.csv`` next to the CPU ones.
 """
 from __future__ import annotations
 
@@ -49,12 +55,17 @@ from optimus_egg.measure import _tensors
 
 __all__ = [
     "COLUMNS",
+    "DEVICES",
     "GREEDY_RULES",
     "default_models",
     "BIG_MODEL",
+    "check_device",
+    "device_info",
+    "device_of",
     "run_model",
     "run_optimize_only",
     "print_table",
+    "result_stem",
     "write_results",
     "read_results",
     "markdown_table",
@@ -72,9 +83,11 @@ README_END = "<!-- bench:end -->"
 VALUE_TOL = dict(rtol=1e-4, atol=1e-4)
 GRAD_TOL = dict(rtol=1e-3, atol=1e-4)
 
+DEVICES = ("cpu", "cuda")
+
 COLUMNS = [
-    "family", "model", "mode", "arm", "budget", "fx_nodes",
-    "launches", "extern", "kernels", "pred_launches",
+    "family", "model", "mode", "device", "device_name", "arm", "budget", "fx_nodes",
+    "launches", "extern", "kernels", "profiled_launches", "pred_launches",
     "optimize_s", "compile_s", "total_compile_s", "median_ms", "ratio", "launch_ratio",
     "peak_rss_mb", "egraph_nodes", "iterations", "stop_reason", "cost_before", "cost_after",
     "changed", "values_match", "grads_match", "rule_counters", "threads", "rounds",
@@ -91,6 +104,27 @@ def default_models() -> list[str]:
     from optimus_egg.models import MODELS
 
     return [m for m in MODELS if m != BIG_MODEL]
+
+
+def check_device(device: str) -> None:
+    """Raise ValueError unless ``device`` is "cpu", or "cuda" on a machine where CUDA works."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise ValueError(f"device 'cuda' asked for, but torch.cuda.is_available() is False "
+                         f"(torch {torch.__version__}, {build})")
+
+
+def device_info(device: str) -> dict[str, Any]:
+    """What a run on ``device`` ran on, for the results' JSON: the GPU, CUDA and Triton on cuda."""
+    info: dict[str, Any] = {"device": device}
+    if device == "cuda":
+        import triton
+
+        info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, triton=triton.__version__,
+                    gpu_count=torch.cuda.device_count())
+    return info
 
 
 @contextmanager
@@ -207,16 +241,17 @@ def egg_arm(b: float) -> str:
 
 # --------------------------------------------------------------------------- the suite
 
-_WARM: set[bool] = set()
+_WARM: set[tuple[bool, str]] = set()
 
 
-def warm_up_inductor(train: bool) -> float:
-    """Compile a tiny graph once per process (and mode), uncounted, so that the first arm does
-    not pay Inductor's one-off start-up (imports, compile workers, first C++ build: about
-    5 s here) and compile times compare fairly. Returns the seconds spent (0 if warm)."""
+def warm_up_inductor(train: bool, device: str = "cpu") -> float:
+    """Compile a tiny graph once per process (and mode and device), uncounted, so that the
+    first arm does not pay Inductor's one-off start-up (imports, compile workers, first C++
+    or Triton build: about 5 s here) and compile times compare fairly. Returns the seconds
+    spent (0 if warm)."""
     from optimus_egg.measure import compile_inductor
 
-    if train in _WARM:
+    if (train, device) in _WARM:
         return 0.0
 
     class Tiny(torch.nn.Module):
@@ -229,11 +264,11 @@ def warm_up_inductor(train: bool) -> float:
             return self.norm(torch.cat([torch.tanh(self.a(x)), torch.relu(self.b(x))], 1))
 
     t = time.perf_counter()
-    tiny = Tiny().train(train)
-    compile_inductor(fx.symbolic_trace(tiny), [torch.randn(4, 8)], training=train)
+    tiny = Tiny().train(train).to(device)
+    compile_inductor(fx.symbolic_trace(tiny), [torch.randn(4, 8, device=device)], training=train)
     for p in tiny.parameters():
         p.grad = None
-    _WARM.add(train)
+    _WARM.add((train, device))
     return time.perf_counter() - t
 
 
@@ -259,13 +294,16 @@ def run_model(
     out: TextIO | None = None,
     quiet: bool = False,
     model_kw: dict | None = None,
+    device: str = "cpu",
 ) -> list[dict]:
     """Run model ``name`` under every arm, one process, and return one row per arm.
 
     ``arms`` picks a subset of ``("inductor", "optimus", "optimus_egg", "greedy_rules")``
     (default all; the ratio column needs "inductor"). ``predict`` adds the
     cost model's prediction (``pred_launches``) for each arm's graph. Progress goes to
-    ``out`` (default: sys.stdout at call time) unless ``quiet``.
+    ``out`` (default: sys.stdout at call time) unless ``quiet``. ``device`` is "cpu" or
+    "cuda" (ValueError when CUDA is not available); on cuda each arm's timed call is also
+    profiled (``profiled_launches``).
     """
     from optimus_egg import measure
     from optimus_egg.ablation import rewrite_greedily
@@ -285,22 +323,25 @@ def run_model(
     budgets = list(budgets)
     if any(not math.isfinite(b) or b < 0 for b in budgets):
         raise ValueError(f"budgets must be finite seconds >= 0, got {budgets}")
+    check_device(device)
+    device_name = device_info(device).get("gpu", "")
     mode = "train" if train else "infer"
     rows: list[dict] = []
     threads_before = torch.get_num_threads()
     with one_thread():
         model, inputs = build(name, **(model_kw or {}))
-        model.train(train)
-        inputs = list(inputs)
+        # Built on the CPU; moved before tracing, so the GraphModule shares the moved parameters.
+        model.train(train).to(device)
+        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
         gm = fx.symbolic_trace(model)
         gm.train(train)
         params = dict(model.named_parameters())
         expected, expected_grads = _run_and_grads(model, inputs, params, train)
         fx_nodes = len(gm.graph.nodes)
-        say(f"model {name}: {fx_nodes} FX nodes, {'training (forward + backward)' if train else 'inference'}, "
+        say(f"model {name}: {fx_nodes} FX nodes, {'training (forward + backward)' if train else 'inference'}, on {device}, "
             f"1 torch thread for compile and timing (was {threads_before}: extra threads on a shared machine make timings noisy)")
 
-        warm = warm_up_inductor(train)
+        warm = warm_up_inductor(train, device)
         if warm:
             say(f"  warmed Inductor up on a tiny graph first ({warm:.1f} s, not counted)")
         # Build every arm's graph first (cheap next to compiling), then compile each.
@@ -342,9 +383,9 @@ def run_model(
             counters = arm.counters if arm.counters is not None else (
                 dict(rep.matches) if rep is not None else {})
             row = dict(
-                family=family_of(name), model=name, mode=mode, arm=arm.name, budget=arm.budget,
+                family=family_of(name), model=name, mode=mode, device=device, device_name=device_name, arm=arm.name, budget=arm.budget,
                 fx_nodes=fx_nodes, launches=L.total, extern=L.extern,
-                kernels=L.cpp + L.triton + L.fallback,
+                kernels=L.cpp + L.triton + L.fallback, profiled_launches="",
                 pred_launches=predicted_launches(arm.graph, inputs) if predict else math.nan,
                 optimize_s=round(arm.optimize_s, 4), compile_s=round(c.compile_s, 3),
                 total_compile_s=round(arm.optimize_s + c.compile_s, 3),
@@ -369,6 +410,12 @@ def run_model(
             if base is not None:
                 row["ratio"] = round(medians[row["arm"]] / medians["inductor"], 3)
                 row["launch_ratio"] = round(row["launches"] / max(base["launches"], 1), 3)
+        if device == "cuda":  # after timing: the profiler must not disturb the timed calls
+            with torch.set_grad_enabled(train):
+                for row in rows:
+                    row["profiled_launches"] = measure.profiled_kernel_launches(fns[row["arm"]], inputs)
+                    say(f"  {row['arm']}: torch.profiler counted {row['profiled_launches']} CUDA kernels "
+                        f"per call ({row['launches']} launches in the wrapper code)")
         for p in params.values():
             p.grad = None
     return rows
@@ -390,7 +437,7 @@ def run_optimize_only(name: str, budget: float = 1.0, out: TextIO | None = None)
     rep = egg.meta["optimus_egg"]
     row = {c: "" for c in COLUMNS}
     row.update(
-        family=family_of(name), model=name, mode="infer", arm=egg_arm(budget), budget=_budget_label(budget),
+        family=family_of(name), model=name, mode="infer", device="cpu", device_name="", arm=egg_arm(budget), budget=_budget_label(budget),
         fx_nodes=len(gm.graph.nodes), optimize_s=round(optimize_s, 3), total_compile_s=round(optimize_s, 3),
         peak_rss_mb=round(measure.peak_rss_mb(), 1), **_report_fields(rep),
         rule_counters=_fmt_counters(dict(rep.matches)), threads=1,
@@ -423,9 +470,9 @@ def print_table(rows: list[dict], out: TextIO | None = None) -> None:
         return
     out = out or sys.stdout
     r0 = rows[0]
-    print(f"\n{r0['model']} ({r0['mode']}), {r0['fx_nodes']} FX nodes, 1 torch thread, "
+    print(f"\n{r0['model']} ({r0['mode']}) on {device_of(r0)}, {r0['fx_nodes']} FX nodes, 1 torch thread, "
           f"{r0['rounds']} interleaved rounds", file=out)
-    head = (f"{'arm':<20}{'launches':>9}{'extern':>7}{'kernels':>8}{'pred':>7}{'optimize s':>11}"
+    head = (f"{'arm':<20}{'launches':>9}{'extern':>7}{'kernels':>8}{'prof.':>6}{'pred':>7}{'optimize s':>11}"
             f"{'compile s':>10}{'total s':>9}{'median ms':>10}{'vs ind.':>8}{'RSS MB':>8}{'e-nodes':>8}"
             f"  {'stop':<11}values")
     print(head, file=out)
@@ -435,7 +482,7 @@ def print_table(rows: list[dict], out: TextIO | None = None) -> None:
         if r["mode"] == "train":
             values += ", grads " + ("match" if _truthy(r["grads_match"]) else "DIFFER")
         print(f"{r['arm']:<20}{_num(r['launches'], 'g'):>9}{_num(r['extern'], 'g'):>7}{_num(r['kernels'], 'g'):>8}"
-              f"{_num(r['pred_launches'], '.2f'):>7}{_num(r['optimize_s'], '.2f'):>11}{_num(r['compile_s'], '.2f'):>10}"
+              f"{_num(r.get('profiled_launches'), 'g'):>6}{_num(r['pred_launches'], '.2f'):>7}{_num(r['optimize_s'], '.2f'):>11}{_num(r['compile_s'], '.2f'):>10}"
               f"{_num(r['total_compile_s'], '.2f'):>9}{_num(r['median_ms'], '.3f'):>10}{_num(r['ratio'], '.2f'):>8}"
               f"{_num(r['peak_rss_mb'], '.0f'):>8}{_num(r['egraph_nodes'], 'g'):>8}  {str(r['stop_reason'] or '-'):<11}"
               f"{values}", file=out)
@@ -446,8 +493,14 @@ def print_table(rows: list[dict], out: TextIO | None = None) -> None:
             print(f"  {arm}: {c.replace(';', ', ')}", file=out)
 
 
-def result_stem(model: str, train: bool) -> str:
-    return f"{model}_train" if train else model
+def device_of(row: dict) -> str:
+    """A row's device; rows of CSVs written before the device column ran on the CPU."""
+    return row.get("device") or "cpu"
+
+
+def result_stem(model: str, train: bool, device: str = "cpu") -> str:
+    """``<model>[_train]`` on CPU, ``<model>[_train]_cuda`` on a GPU: no run overwrites the other."""
+    return f"{model}{'_train' if train else ''}{'' if device == 'cpu' else '_' + device}"
 
 
 def write_results(rows: list[dict], results_dir: str | os.PathLike, stem: str) -> tuple[Path, Path]:
@@ -463,6 +516,7 @@ def write_results(rows: list[dict], results_dir: str | os.PathLike, stem: str) -
     meta = dict(
         created=time.strftime("%Y-%m-%d %H:%M:%S"), torch=torch.__version__, python=platform.python_version(),
         machine=platform.machine(), cpus=os.cpu_count(), torch_threads=1,
+        **device_info(device_of(rows[0]) if rows else "cpu"),
     )
     clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
     json_path.write_text(json.dumps({"meta": meta, "rows": clean}, indent=1, default=str) + "\n")
@@ -488,12 +542,21 @@ def _model_order() -> list[str]:
     return list(MODELS)
 
 
-def markdown_table(rows: list[dict]) -> str:
-    """One Markdown table per mode: a line per model, launches and latency per arm."""
+def _launch_cell(row: dict, gpu: bool) -> str:
+    """Launches in the wrapper code; on a GPU ``wrapper / profiled`` (torch.profiler's count)."""
+    cell = _num(row["launches"], "g")
+    return f"{cell} / {_num(row.get('profiled_launches'), 'g')}" if gpu else cell
+
+
+def markdown_table(rows: list[dict], device: str = "cpu") -> str:
+    """One Markdown table per mode for the rows run on ``device`` (rows without a device
+    column ran on the CPU): a line per model, launches and latency per arm. The cuda tables
+    are titled "GPU (Triton)" and give launches as ``wrapper / profiled``."""
     order = {m: i for i, m in enumerate(_model_order())}
+    gpu = device != "cpu"
     out: list[str] = []
     for mode, title in (("infer", "Inference"), ("train", "Training (forward + backward)")):
-        mrows = [r for r in rows if r["mode"] == mode]
+        mrows = [r for r in rows if r["mode"] == mode and device_of(r) == device]
         if not mrows:
             continue
         egg_arms = sorted({r["arm"] for r in mrows if r["arm"].startswith("optimus_egg@")},
@@ -503,8 +566,13 @@ def markdown_table(rows: list[dict]) -> str:
         by = {(r["model"], r["arm"]): r for r in mrows}
         short = {"inductor": "Inductor", "optimus": "Optimus", GREEDY_RULES: "greedy rules"}
         labels = [short.get(a, a.replace("optimus_egg@", "egg@")) for a in arm_names]
-        out.append(f"**{title}** — Inductor kernel launches per call (lower is better), median latency "
-                   "relative to plain Inductor, optimize + compile seconds; 1 torch thread.\n")
+        if gpu:
+            out.append(f"**GPU (Triton): {title.lower()}** — kernel launches per call as `wrapper / profiled` "
+                       "(counted in Inductor's generated code / CUDA kernels torch.profiler saw in one timed call; "
+                       "lower is better), median latency relative to plain Inductor, optimize + compile seconds.\n")
+        else:
+            out.append(f"**{title}** — Inductor kernel launches per call (lower is better), median latency "
+                       "relative to plain Inductor, optimize + compile seconds; 1 torch thread.\n")
         out.append("| model | FX nodes | " + " | ".join(f"launches {l}" for l in labels)
                    + " | " + " | ".join(f"ms× {l}" for l in labels[1:])
                    + " | " + " | ".join(f"compile s {l}" for l in labels) + " | values |")
@@ -513,7 +581,7 @@ def markdown_table(rows: list[dict]) -> str:
             cells = [m, next(str(r["fx_nodes"]) for r in mrows if r["model"] == m)]
             for a in arm_names:
                 r = by.get((m, a))
-                cells.append(_num(r["launches"], "g") if r else "-")
+                cells.append(_launch_cell(r, gpu) if r else "-")
             for a in arm_names[1:]:
                 r = by.get((m, a))
                 cells.append(_num(r["ratio"], ".2f") if r else "-")
@@ -542,10 +610,20 @@ def big_model_note(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gpu_note(rows: list[dict]) -> str:
+    """What the GPU table was measured on (the ``device_name`` of its rows)."""
+    names = sorted({r.get("device_name") or "an unnamed GPU" for r in rows})
+    return (f"GPU tables measured on {', '.join(names)} with `optimus-egg bench --device cuda` "
+            "(`bench/gpu_check.sh`); the Optimus arm keeps the pass lists of `baselines.py`, chosen for CPU.\n")
+
+
 def render_readme_section(rows: list[dict], results_dir: str | os.PathLike = "bench/results") -> str:
     """The README section, markers included, for the suite rows ``rows`` (read_results)."""
     small = [r for r in rows if r["model"] != BIG_MODEL or r["launches"] not in ("", None)]
     body = markdown_table(small) + "\n" + big_model_note(rows)
+    gpu = [r for r in small if device_of(r) == "cuda"]
+    if gpu:
+        body += "\n" + markdown_table(gpu, "cuda") + "\n" + gpu_note(gpu)
     how = ("Reproduce: `optimus-egg bench --all --big` (add `--train` for the training table; "
            "per-model CSV/JSON in `bench/results/`), `optimus-egg compare --model NAME --budgets "
            "0.01,0.1,1,10 --plot out.png` for one model, `python bench/extraction.py` (greedy vs ILP, "

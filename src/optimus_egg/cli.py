@@ -3,6 +3,7 @@
     optimus-egg compare                                  # parallel_mlp, budget 1 s
     optimus-egg compare --model dlrm --budgets 0.01,0.1,1,10 [--train] [--plot out.png]
     optimus-egg bench --all [--models a,b] [--budgets 1] [--train] [--big]
+    optimus-egg bench --models parallel_mlp,dcn_v2 --device cuda    # Triton; profiled launches too
 
 `compare` runs one model side by side, in one process, under plain Inductor, Inductor +
 PyTorch's Optimus, optimus_egg at each budget and the one-round ablation ("greedy_rules"),
@@ -10,7 +11,8 @@ and prints kernel launches, optimize / compile time, median latency (interleaved
 torch thread) and whether values match eager. `bench` does that for every model, writes
 bench/results/<model>[_train].csv and .json, and regenerates the results table between the
 `<!-- bench:start -->` / `<!-- bench:end -->` markers of README.md. The suite itself lives in
-optimus_egg.bench.
+optimus_egg.bench. `--device cuda` (both commands) compiles for the GPU and also counts the
+CUDA kernels a call launches with torch.profiler; its results go to <model>[_train]_cuda.csv.
 """
 from __future__ import annotations
 
@@ -57,39 +59,39 @@ def _all_match(rows: list[dict]) -> bool:
 
 
 def compare(model: str, budgets: list[float], train: bool, rounds: int, plot: str | None = None,
-            results_dir: str | None = None, out=None) -> list[dict]:
+            results_dir: str | None = None, out=None, device: str = "cpu") -> list[dict]:
     """Run `optimus_egg.bench.run_model` and print its table (and plot / save it)."""
     from optimus_egg import bench
 
     out = out or sys.stdout
 
-    rows = bench.run_model(model, budgets, train=train, rounds=rounds, out=out)
+    rows = bench.run_model(model, budgets, train=train, rounds=rounds, out=out, device=device)
     bench.print_table(rows, out)
     if plot:
         print(f"plot: {bench.plot(rows, plot)}", file=out)
     if results_dir:
-        csv_path, json_path = bench.write_results(rows, results_dir, bench.result_stem(model, train))
+        csv_path, json_path = bench.write_results(rows, results_dir, bench.result_stem(model, train, device))
         print(f"results: {csv_path}, {json_path}", file=out)
     return rows
 
 
 def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int, big: bool,
-              results_dir: str, readme: str | None, out=None) -> int:
+              results_dir: str, readme: str | None, out=None, device: str = "cpu") -> int:
     from optimus_egg import bench
 
     out = out or sys.stdout
     failed: list[str] = []
     start = time.perf_counter()
     for i, name in enumerate(models, 1):
-        print(f"\n=== [{i}/{len(models)}] {name} ({'train' if train else 'infer'}) ===", file=out, flush=True)
+        print(f"\n=== [{i}/{len(models)}] {name} ({'train' if train else 'infer'}, {device}) ===", file=out, flush=True)
         try:
-            rows = bench.run_model(name, budgets, train=train, rounds=rounds, out=out)
+            rows = bench.run_model(name, budgets, train=train, rounds=rounds, out=out, device=device)
         except Exception as e:  # noqa: BLE001 - one broken model must not sink the whole table
             print(f"  FAILED: {type(e).__name__}: {e}", file=out, flush=True)
             failed.append(f"{name}: {type(e).__name__}: {e}")
             continue
         bench.print_table(rows, out)
-        bench.write_results(rows, results_dir, bench.result_stem(name, train))
+        bench.write_results(rows, results_dir, bench.result_stem(name, train, device))
         if not _all_match(rows):
             failed.append(f"{name}: values differ from eager")
     if big and not train:
@@ -114,6 +116,7 @@ def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int,
 
 
 def main(argv: list[str] | None = None) -> int:
+    from optimus_egg.bench import DEVICES, check_device
     from optimus_egg.models import MODELS
 
     p = argparse.ArgumentParser(prog="optimus-egg", description=__doc__.splitlines()[0])
@@ -126,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--train", action="store_true", help="compile and time forward + backward")
     c.add_argument("--rounds", type=_positive_int, default=50, help="interleaved timing rounds (default 50)")
     c.add_argument("--plot", metavar="PNG", help="draw launches and compile time against budget")
-    c.add_argument("--results-dir", metavar="DIR", help="also write <DIR>/<model>[_train].csv and .json")
+    c.add_argument("--results-dir", metavar="DIR", help="also write <DIR>/<model>[_train][_cuda].csv and .json")
+    c.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="compile and time on this device (default cpu; cuda: Triton, plus torch.profiler counts)")
 
     b = sub.add_parser("bench", help="compare every model; write bench/results/ and the README table")
     b.add_argument("--all", action="store_true",
@@ -141,10 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--results-dir", default="bench/results", metavar="DIR")
     b.add_argument("--readme", default="README.md", help="file holding the bench markers (default README.md)")
     b.add_argument("--no-readme", action="store_true", help="do not touch the README")
+    b.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="compile and time on this device (default cpu; cuda: Triton, plus torch.profiler "
+                        "counts, results in <model>[_train]_cuda.csv)")
 
     args = p.parse_args(argv)
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
     if args.command == "compare":
-        rows = compare(args.model, args.budgets, args.train, args.rounds, args.plot, args.results_dir)
+        rows = compare(args.model, args.budgets, args.train, args.rounds, args.plot, args.results_dir,
+                       device=args.device)
         return 0 if _all_match(rows) else 1
 
     from optimus_egg.bench import default_models
@@ -153,4 +166,4 @@ def main(argv: list[str] | None = None) -> int:
         p.error("bench: give --all or --models a,b")
     models = args.models or default_models()
     return run_bench(models, args.budgets, args.train, args.rounds, args.big, args.results_dir,
-                     None if args.no_readme else args.readme)
+                     None if args.no_readme else args.readme, device=args.device)

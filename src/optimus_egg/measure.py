@@ -4,7 +4,10 @@ This module owns the measuring stick every comparison uses: ``compile_inductor``
 with all caches off, so every arm pays for and runs its own passes), ``count_launches``
 (kernel launches read from the generated wrapper code, because
 ``torch._inductor.metrics.generated_kernel_count`` is inflated on CPU), wall-clock helpers
-(``median_ms``, ``interleaved_medians``), ``peak_rss_mb`` and ``values_match``.
+(``median_ms``, ``interleaved_medians``), ``peak_rss_mb`` and ``values_match``. On a CUDA
+device, ``profiled_kernel_launches`` counts the kernels a call really launched, with
+``torch.profiler``: a second count next to the static one below (a cuBLAS GEMM may launch
+more than one kernel; the static count sees one call site).
 
 A launch is a call site, inside the wrapper's runtime functions, of
 
@@ -45,6 +48,7 @@ __all__ = [
     "compile_inductor",
     "copy_graph_module",
     "kernel_launches",
+    "profiled_kernel_launches",
     "median_ms",
     "interleaved_medians",
     "peak_rss_mb",
@@ -326,6 +330,38 @@ def kernel_launches(
     return compile_inductor(
         gm, example_inputs, training=training, config_patches=config_patches
     ).launches
+
+
+def _count_device_kernels(events: Iterable[Any]) -> int:
+    """Device kernels among profiler events (``prof.events()``, FunctionEvent-like objects).
+
+    A kernel is an event on a CUDA device whose Kineto activity type is ``"kernel"``; CPU
+    ops, CUDA runtime calls (``cudaLaunchKernel``, on the CPU side), ``"gpu_memcpy"``,
+    ``"gpu_memset"`` and ``"gpu_user_annotation"`` events are not counted.
+    """
+    from torch.autograd import DeviceType
+
+    return sum(1 for e in events if e.device_type == DeviceType.CUDA and e.activity_type == "kernel")
+
+
+def profiled_kernel_launches(fn: Callable[..., Any], inputs: Sequence[Any], warmup: int = 2) -> int:
+    """CUDA kernels one call of ``fn(*inputs)`` launches, counted by ``torch.profiler``.
+
+    ``fn`` runs ``warmup`` times first (lazy compiles, autotuning, allocator growth), then
+    once under the profiler (CPU and CUDA activities). Raises RuntimeError without CUDA: on
+    CPU there is nothing to count this way (use ``count_launches``).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("profiled_kernel_launches needs a CUDA device (torch.cuda.is_available() is False)")
+    for _ in range(warmup):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn(*inputs)
+        torch.cuda.synchronize()
+    return _count_device_kernels(prof.events())
 
 
 def _sync(inputs: Sequence[Any]) -> Callable[[], None]:
