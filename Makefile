@@ -17,6 +17,7 @@ setup: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q bench/test_bench.py --benchmark-disable  # bench smoke: each model once, one family script
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q tests --runslow
