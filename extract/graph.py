@@ -9,7 +9,7 @@ from egglog import EGraph
 # Constructors a term class may be extracted as; everything else (analyses, facts) is skipped.
 TERM_OPS = {"input", "none", "call", "unary", "binary", "call_multi", "item", "outputs", "linear", "layer_norm",
             "cat", "stack", "split", "unbind", "movedim", "flatten", "unflatten", "batched_linear", "batched_layer_norm",
-            "narrow", "squeeze"}
+            "narrow", "squeeze", "reshape"}
 
 
 @dataclass

@@ -15,7 +15,7 @@ whole graph with its fusion, and optimize() checks its result with it.
 from __future__ import annotations
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
-        "reshape"}  # reshape copies where strides allow no view; a template reshape costs 0 too
+        "reshape"}  # as a template reshape (VIEW_TARGETS); it copies only where strides allow no view
 COST = {"linear": 1.0, "batched_linear": 1.0, "layer_norm": 1.0, "batched_layer_norm": 1.0,
         "cat": 0.25, "stack": 0.25, "flatten": 0.25}  # flatten copies when its input is not contiguous
 ELEMENTWISE = 0.5

@@ -314,6 +314,8 @@ def _view_cases():
         ("view_sizes", lambda x: x.view(x.size(0), -1) + 1, (x,)),
         ("reshape", lambda x: x.reshape(3, 24) + 1, (x,)),
         ("torch.reshape", lambda x: torch.reshape(x, (-1, 6)) + 1, (x,)),
+        ("view_tuple", lambda x: x.view((12, 6)) + 1, (x,)),
+        ("view_dtype", lambda x: x.view(torch.int32) + 1, (x,)),  # not a reshape: stays a template
         ("flatten", lambda x: x.flatten() + 1, (x,)),
         ("torch.flatten", lambda x: torch.flatten(x, 1) + 1, (x,)),
         ("unflatten", lambda x: x.unflatten(2, (2, 3)) + 1, (x,)),

@@ -324,7 +324,7 @@ _CHUNK = {torch.chunk, "chunk", aten.chunk.default}
 _UNBIND = {torch.unbind, "unbind", aten.unbind.int}
 _SQUEEZE = {torch.squeeze, torch.Tensor.squeeze, "squeeze", aten.squeeze.dim}  # with one int dim only
 _NARROW = {torch.narrow, torch.Tensor.narrow, "narrow", aten.narrow.default}
-_RESHAPE = {torch.reshape, torch.Tensor.reshape, torch.Tensor.view, "reshape", "view"}  # to static int sizes only
+_RESHAPE = {torch.reshape, "reshape", "view"}  # to static int sizes only
 _DROPOUT = {F.dropout, torch.dropout, aten.dropout.default}
 _VIEW_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t",
                  "movedim", "squeeze", "unsqueeze", "expand", "narrow", "select", "split",

@@ -10,14 +10,16 @@ from optimus_egg.rules import RULESETS
 
 def optimize_with(fn, family, *inputs, budget_s: float = 5.0):
     """Trace `fn`, optimize with only `family`'s rules (plus the pieces facts) and check the values.
+    `family` may be a tuple of rulesets, for a rule whose result another family finishes.
 
     Returns (optimized GraphModule, report). The optimized graph's outputs are compared with
     the traced graph's on `inputs` (assert_close), so every caller checks value preservation.
     """
     gm = fn if isinstance(fn, fx.GraphModule) else fx.symbolic_trace(fn)
-    names = {n for n, rs in RULESETS.items() if rs is family}
-    if not names:
-        raise ValueError("optimize_with takes a ruleset from optimus_egg.rules")
+    families = family if isinstance(family, tuple) else (family,)
+    names = {n for n, rs in RULESETS.items() if any(rs is f for f in families)}
+    if len(names) != len(families):
+        raise ValueError("optimize_with takes rulesets from optimus_egg.rules")
     keep = names | {"pieces"}
     after = optimize(gm, list(inputs), budget_s, strict=True,
                      disable=[n for n in RULESETS if n not in keep])

@@ -122,6 +122,8 @@ class _Raiser:
             node = self.call(torch.unflatten, a[0], a[1], list(a[2]))
         elif op == "unbind":
             node = self.call(torch.unbind, a[0], a[1])
+        elif op == "reshape":
+            node = self.call(torch.reshape, a[0], list(a[1]))
         elif op == "narrow":
             node = self.call(torch.narrow, a[0], a[1], a[2], a[3])
         elif op == "squeeze":

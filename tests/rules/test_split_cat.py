@@ -1,6 +1,7 @@
 import torch
 
 from optimus_egg.rules.split_cat import split_cat
+from optimus_egg.rules.unbind_stack import unbind_stack
 from optimus_egg.testing import calls, fired, optimize_with
 
 
@@ -143,3 +144,48 @@ def test_squeeze_of_split_piece_leaves_dimless_squeeze():
 
     _, report = optimize_with(before, split_cat, torch.randn(2, 2))
     assert not fired(report, "squeeze-of-split-piece")
+
+
+def _reshapes(gm) -> int:
+    return calls(gm, torch.reshape) + calls(gm, "reshape") + calls(gm, "view")
+
+
+def test_reshape_of_split_piece():
+    def before(x):
+        p = torch.split(x, 2, dim=1)
+        return torch.stack([p[i].reshape(3, 4) for i in range(4)], dim=0) + 1
+
+    after, report = optimize_with(before, (split_cat, unbind_stack), torch.randn(6, 8))
+    assert fired(report, "reshape-of-split-piece") and fired(report, "stack-of-unbind-pieces")
+    assert calls(after, torch.stack) == calls(after, torch.split) == 0
+    assert _reshapes(after) == 1
+
+
+def test_reshape_of_split_piece_view_then_cat():
+    def before(x):
+        p = torch.split(x, 1, dim=1)
+        return torch.cat([p[i].view(-1, 5) for i in range(3)], dim=1) + 1  # move_view_after_cat, on dim 1
+
+    after, report = optimize_with(before, (split_cat, unbind_stack), torch.randn(50, 3))
+    assert fired(report, "reshape-of-split-piece") and fired(report, "cat-of-unbind-pieces")
+    assert calls(after, torch.cat) == calls(after, torch.split) == 0
+
+
+def test_reshape_of_split_piece_needs_even_split():
+    def before(x):
+        a, b = torch.split(x, [2, 4], dim=1)
+        return torch.cat([a.reshape(-1), b.reshape(-1)]) + 1
+
+    _, report = optimize_with(before, (split_cat, unbind_stack), torch.randn(3, 6))
+    assert not fired(report, "reshape-of-split-piece")
+
+
+def test_reshape_of_split_piece_keeps_stack_of_mismatched_reshapes():
+    def before(x):
+        a, b = torch.split(x, 2, dim=1)
+        return torch.stack([a.reshape(6, 2), b.reshape(2, 6).t()], dim=0) + 1
+
+    after, report = optimize_with(before, (split_cat, unbind_stack), torch.randn(6, 4))
+    assert fired(report, "reshape-of-split-piece")  # each piece alone: two different reshaped stacks
+    assert not fired(report, "stack-of-unbind-pieces")
+    assert calls(after, torch.stack) == 1
