@@ -12,7 +12,8 @@ eval mode (identity: training=False, p=0, an eval Dropout module), independent s
 binary ops on several parts at once (batch-binary), binary ops on matching unbind pieces of two
 stacks (binary-of-unbind-pieces), binary ops with a broadcast operand (left unbatched), a stack
 split into size-1 pieces and squeezed (squeeze-of-split-piece), and nested splits / narrows of
-the concatenated parts put back together by cats of in-order runs (merge_splits, mutate_cat);
+the concatenated parts (split pieces, narrows, basic slices x[:, a:b]) put back together by cats
+of in-order runs (merge_splits, mutate_cat);
 the parts are finally put together (cat / stack / sum / tuple). The program is a plain module
 traced with torch.fx.symbolic_trace. Both graphs run from the same RNG seed, and the input is
 compared after the call too.
@@ -107,8 +108,8 @@ def nested_plan(rnd, total):
     big = [j for j, k in enumerate(sizes1) if k >= 2]
     j = rnd.choice(big) if big else -1
     sizes2 = partition(rnd, sizes1[j], 2) if big else ()
-    spell1 = tuple(rnd.choice(["split", "narrow", "torch_narrow", "narrow_neg"]) for _ in sizes1)
-    spell2 = rnd.choice(["split", "method_split", "narrow"])
+    spell1 = tuple(rnd.choice(["split", "narrow", "torch_narrow", "narrow_neg", "slice", "slice_neg"]) for _ in sizes1)
+    spell2 = rnd.choice(["split", "method_split", "narrow", "slice"])
     flat = len(sizes1) + (len(sizes2) - 1 if big else 0)
     flags = tuple(rnd.random() < 0.3 for _ in range(flat))
     return {"sizes1": sizes1, "j": j, "sizes2": sizes2, "spell1": spell1, "spell2": spell2,
@@ -332,6 +333,10 @@ class Program(nn.Module):
                     p = whole.narrow(dim, start, size)
                 elif how == "torch_narrow":
                     p = torch.narrow(whole, dim, start, size)
+                elif how == "slice":
+                    p = whole[:, start:start + size]
+                elif how == "slice_neg":  # negative bounds; the last piece's stop is None
+                    p = whole[..., start - total:start + size - total or None]
                 else:
                     p = torch.narrow(whole, dim, start - total, size)  # negative start
                 start += size
@@ -348,7 +353,7 @@ class Program(nn.Module):
                 else:
                     at = 0
                     for size2 in sizes2:
-                        flat.append(p.narrow(dim, at, size2))
+                        flat.append(p.narrow(dim, at, size2) if plan["spell2"] == "narrow" else p[:, at:at + size2])
                         at += size2
             flat = [fn(p) if flag else p for p, flag in zip(flat, plan["flags"])]
             cut = plan["cut"]
@@ -584,6 +589,9 @@ FIRING = {
     "nested_narrows": (_prog([("nested", "tanh", {**_NESTED, "spell1": ("narrow_neg", "torch_narrow", "narrow"),
                                                   "spell2": "narrow", "cut": 0})]), "fx",
                        ["narrow-of-narrow", "narrow-whole", "cat-of-narrow-run"], []),
+    "nested_slices": (_prog([("nested", "tanh", {**_NESTED, "spell1": ("slice_neg", "slice", "slice_neg"),
+                                                 "spell2": "slice", "cut": 0})]), "fx",
+                      ["narrow-of-narrow", "narrow-whole", "cat-of-narrow-run"], []),
     "aten_linear": (_prog([("linear", "own", True, (0, 1, 2)), ("linear", "own", False, (0, 1, 2))]), "make_fx",
                     ["batch-linear"], []),
     "aten_layer_norm": (_prog([("layer_norm", "affine", (0, 1, 2))]), "make_fx", ["batch-layernorm"], []),

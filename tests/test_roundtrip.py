@@ -22,6 +22,7 @@ from optimus_egg.extract.graph import serialize
 from optimus_egg.extract.greedy import greedy
 from optimus_egg.from_fx import Unsupported, from_fx
 from optimus_egg.pipeline import node_cost
+from optimus_egg.testing import calls
 from optimus_egg.to_fx import to_fx
 
 
@@ -336,6 +337,33 @@ def _view_cases():
     ]
 
 
+# x[index] of a [4, 6] x -> (model, whether from_fx lowers the getitem to a narrow): one dim cut
+# by a slice with static bounds and step 1, every other entry whole (or an Ellipsis).
+SLICES = {
+    "x[1:3]": (lambda x: x[1:3] + 1, True),
+    "x[:, -4:]": (lambda x: x[:, -4:] + 1, True),
+    "x[..., 2:]": (lambda x: x[..., 2:] + 1, True),
+    "x[:, 1:5:1]": (lambda x: x[:, 1:5:1] + 1, True),
+    "x[-100:2]": (lambda x: x[-100:2] + 1, True),           # clamped to 0:2
+    "x[:, 10:100]": (lambda x: x[:, 10:100] + 1, True),     # clamped to 6:6, empty
+    "x[:, 3:1]": (lambda x: x[:, 3:1] + 1, True),           # empty
+    "x[2:4, 0:6]": (lambda x: x[2:4, 0:6] + 1, True),       # dim 1 whole by its bounds
+    "x[:, :]": (lambda x: x[:, :] + 1, False),              # no dim cut
+    "x[::2]": (lambda x: x[::2] + 1, False),
+    "x[1:3, 2:4]": (lambda x: x[1:3, 2:4] + 1, False),
+    "x[None, 1:3]": (lambda x: x[None, 1:3] + 1, False),
+    "x[0, 1:3]": (lambda x: x[0, 1:3] + 1, False),
+    "x[:, [0, 2]]": (lambda x: x[:, [0, 2]] + 1, False),
+    "x[:, :x.size(1) - 1]": (lambda x: x[:, :x.size(1) - 1] + 1, False),  # a bound computed in the graph
+    "x.shape[1:]": (lambda x: x.new_ones(x.shape[1:]) * x, False),          # a torch.Size, not a tensor
+    "split(x)[1:]": (lambda x: torch.cat(torch.split(x, 2, 1)[1:], 1), False),  # a tuple, not a tensor
+}
+
+
+def _slice_cases():
+    return [(name, model, (x46(),)) for name, (model, _) in SLICES.items()]
+
+
 class _Bag(nn.Module):
     def __init__(self):
         super().__init__()
@@ -383,7 +411,7 @@ def _sequential_cases():
 FAMILIES = {
     "linear": _linear_cases, "layer_norm": _layer_norm_cases, "binary": _binary_cases,
     "unary": _unary_cases, "pieces": _pieces_cases, "cat": _cat_cases, "view": _view_cases,
-    "reduce": _reduce_cases, "sequential": _sequential_cases,
+    "reduce": _reduce_cases, "sequential": _sequential_cases, "slice": _slice_cases,
 }
 
 
@@ -414,6 +442,25 @@ def test_vocabulary_family_roundtrip(family, source):
     cases = [c for name, c in CASES.items() if name.startswith(family + "/")]
     inputs = [x for _, xs in cases for x in xs]
     roundtrip(*SOURCES[source](_Family(cases).eval(), inputs))
+
+
+def _narrows_and_slicings(gm: fx.GraphModule) -> tuple[int, int]:
+    """torch.narrow calls, and getitems by anything but an int."""
+    slicings = [n for n in gm.graph.nodes if n.target is operator.getitem and not isinstance(n.args[1], int)]
+    return calls(gm, torch.narrow), len(slicings)
+
+
+@pytest.mark.parametrize("case", list(SLICES))
+def test_getitem_slice_lowering(case):
+    """A lowered slice comes back from the e-graph as torch.narrow, any other as its getitem."""
+    model, lowered = SLICES[case]
+    out = roundtrip(*SOURCES["fx"](model, (x46(),)))
+    assert _narrows_and_slicings(out) == ((1, 0) if lowered else (0, 1))
+
+
+def test_getitem_slice_lowering_dynamo():
+    out = roundtrip(*SOURCES["dynamo"](lambda x: x[:, -4:] + x[..., 0:4], (x46(),)))
+    assert _narrows_and_slicings(out) == (2, 0)
 
 
 # ---- graph structure: outputs, placeholders, mutation -----------------------------------

@@ -492,6 +492,11 @@ def _meta_value(node: fx.Node):
     return tm
 
 
+def _static_int(v) -> bool:
+    """None or a plain int (not a bool, nor a value computed in the graph)."""
+    return v is None or type(v) is int
+
+
 def _static_shape(v) -> tuple[int, ...] | None:
     s = getattr(v, "shape", None)
     if s is None:
@@ -757,7 +762,7 @@ class _Lowerer:
             if isinstance(src, fx.Node) and src in self.pieces and isinstance(n.args[1], int):
                 i = n.args[1]
                 return self.item(src, i if i >= 0 else i + self.n_pieces(src))
-            return None
+            return self.make_slice(n)
         name = t if n.op == "call_method" else None
         key = name if name is not None else t
         if key in _ATEN_GEMM and n.op == "call_function":
@@ -1034,6 +1039,33 @@ class _Lowerer:
         if not (0 <= start and 0 <= length and start + length <= shp[d]):
             return None
         return _app("narrow", self.sliced(x), d, start, length)
+
+    def make_slice(self, n):
+        """x[index] to narrow(x, d, start, length) when x is a tensor of static shape and the index
+        is a slice, or a tuple of slices and at most one Ellipsis, whose slices all have int / None
+        bounds and step 1 / None, and exactly one of them (on dim d) leaves out part of its dim.
+        Bounds are normalized as Python and torch slicing do (a negative one wraps, then both
+        clamp to [0, size]); the slice may be empty. Any other index (ints, None, tensors, other
+        steps, two cut dims, a computed bound, no cut dim at all) stays a template."""
+        x, index = n.args
+        if not isinstance(x, fx.Node) or x not in self.shapes or not isinstance(index, (slice, tuple)):
+            return None  # not a tensor (a tuple of split pieces, a torch.Size), or a dynamic shape
+        shp = self.shapes[x]
+        index = index if isinstance(index, tuple) else (index,)
+        dots = [k for k, s in enumerate(index) if s is Ellipsis]
+        if len(dots) > 1 or len(index) - len(dots) > len(shp):
+            return None
+        at = dots[0] if dots else len(index)
+        slices = [*index[:at], *[slice(None)] * (len(shp) - len(index) + len(dots)), *index[at + 1:]]
+        if not all(isinstance(s, slice) and all(_static_int(v) for v in (s.start, s.stop, s.step))
+                   and s.step in (None, 1) for s in slices):
+            return None
+        bounds = [s.indices(size)[:2] for s, size in zip(slices, shp)]
+        cut = [(d, start, stop) for d, (start, stop) in enumerate(bounds) if (start, stop) != (0, shp[d])]
+        if len(cut) != 1:
+            return None
+        (d, start, stop), = cut
+        return _app("narrow", self.sliced(x), d, start, max(stop - start, 0))
 
     def shape_of(self, a):
         if isinstance(a, str):

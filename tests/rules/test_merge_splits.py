@@ -52,6 +52,15 @@ def test_narrow_of_narrow_user_narrow():
     assert calls(after, "narrow") + calls(after, torch.narrow) == 1
 
 
+def test_narrow_of_narrow_getitem_slices():
+    def before(x):
+        return x[:, 2:7][..., -4:-2].tanh()  # columns 2:7, then 3:5 of those
+
+    after, report = optimize_with(before, merge_splits, torch.randn(3, 8))
+    assert fired(report, "narrow-of-narrow")
+    assert calls(after, torch.narrow) == 1
+
+
 def test_narrow_whole():
     def before(x):
         (a,) = torch.split(x, [4], dim=1)

@@ -1,3 +1,5 @@
+import operator
+
 import torch
 
 from optimus_egg.rules.merge_splits import merge_splits
@@ -192,4 +194,52 @@ def test_cat_of_merged_narrows_split_pieces():
     after, report = optimize_with(before, (mutate_cat, merge_splits), torch.randn(3, 1), torch.randn(3, 7),
                                   torch.randn(3, 2))
     assert fired(report, "split-piece-narrow") and fired(report, "cat-of-merged-narrows")
+    assert _cat_sizes(after) == [3]
+
+
+# x[:, a:b] (a getitem of slices) lowers to a narrow: the same rules merge it
+
+
+def test_narrow_merge_join_getitem_slices():
+    def before(a, x, b):
+        return torch.cat([a, x[:, 0:2], x[:, 2:4], b], 1) * 2
+
+    after, report = optimize_with(before, mutate_cat, torch.randn(3, 1), torch.randn(3, 5), torch.randn(3, 2))
+    assert fired(report, "narrow-merge-join") and fired(report, "cat-of-merged-narrows")
+    assert _cat_sizes(after) == [3] and _narrows(after) == 1 and calls(after, operator.getitem) == 0
+
+
+def test_cat_of_narrow_run_getitem_slices_whole():
+    def before(x):
+        return torch.cat([x[:, 0:4], x[:, 4:8]], 1) * 2
+
+    after, report = optimize_with(before, (mutate_cat, merge_splits), torch.randn(3, 8))
+    assert fired(report, "cat-of-narrow-run") and fired(report, "narrow-whole")
+    assert _cat_sizes(after) == [] and _narrows(after) == calls(after, operator.getitem) == 0
+
+
+def test_narrow_merge_join_getitem_slices_needs_step_one():
+    def before(a, x):
+        return torch.cat([a, x[:, 0:2:2], x[:, 2:4:2]], 1) * 2  # columns 0 and 2: not one slice
+
+    after, report = optimize_with(before, mutate_cat, torch.randn(3, 1), torch.randn(3, 5))
+    assert not fired(report, "narrow-merge-join")
+    assert _cat_sizes(after) == [3] and _narrows(after) == 0 and calls(after, operator.getitem) == 2
+
+
+def test_narrow_merge_join_getitem_slices_needs_one_sliced_dim():
+    def before(a, x):
+        return torch.cat([a, x[0:2, 0:2], x[0:2, 2:4]], 1) * 2
+
+    after, report = optimize_with(before, mutate_cat, torch.randn(2, 1), torch.randn(3, 5))
+    assert not fired(report, "narrow-merge-join")
+    assert _cat_sizes(after) == [3] and _narrows(after) == 0 and calls(after, operator.getitem) == 2
+
+
+def test_narrow_merge_join_getitem_slices_needs_cat_dim():
+    def before(a, x):
+        return torch.cat([a, x[0:2], x[2:4]], 1) * 2  # rows 0:2 and 2:4, put side by side
+
+    after, report = optimize_with(before, mutate_cat, torch.randn(2, 1), torch.randn(4, 3))
+    assert not fired(report, "narrow-merge-join")
     assert _cat_sizes(after) == [3]
