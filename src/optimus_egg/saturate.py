@@ -55,8 +55,12 @@ def egraph_nodes(egraph: EGraph) -> int:
 
 def _schedule(rulesets: dict[str, Ruleset]):
     # Vertical families are cheap and confluent: each runs to its fixpoint inside an iteration
-    # (the pieces walk advances one operand per run). Horizontal ones run once per iteration.
-    return seq(*(run(rs).saturate() if name in VERTICAL else run(rs) for name, rs in rulesets.items()))
+    # (the pieces walk advances one operand per run). Horizontal ones run once per iteration,
+    # and the vertical ones run again after them, so the stacks and unbinds a batch rule just
+    # built cancel in the same iteration rather than the next one.
+    vertical = [run(rs).saturate() for name, rs in rulesets.items() if name in VERTICAL]
+    horizontal = [run(rs) for name, rs in rulesets.items() if name not in VERTICAL]
+    return seq(*vertical, *horizontal, *(vertical if horizontal else []))
 
 
 _WARM: set[tuple[int, ...]] = set()
