@@ -1,8 +1,9 @@
 """Saturation: runs the rulesets under limits and records why the search stopped.
 
 The only module that sets limits. Each iteration runs every enabled ruleset once, in
-SCHEDULE_ORDER (vertical families to their fixpoint; horizontal ones only in the first
-`horizontal_rounds` iterations and under their own growth cap), inside push/pop: an iteration
+SCHEDULE_ORDER (vertical families to their fixpoint, before and again after the horizontal
+ones; horizontal ones only in the first `horizontal_rounds` iterations and under their own
+growth cap), inside push/pop: an iteration
 that takes the e-graph past `node_limit` is rolled back. egglog 13.2 cannot interrupt a
 running iteration, so the clock is checked between iterations, and an iteration is not
 started when the last one's time, scaled by the e-graph's growth, would overrun the
