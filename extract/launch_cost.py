@@ -11,14 +11,22 @@ with each other (horizontally), so they cost a fraction: 0.5 for elementwise, 0.
 stack/cat. These stay per-node figures: fusion depends on neighbours, which a per-node cost
 cannot see, so the table errs towards counting elementwise work; fusion_cost.py estimates a
 whole graph with its fusion, and optimize() checks its result with it.
+
+The prices are data, one table per target (`TABLES`). Only "cpu" is measured; no GPU has been
+available to calibrate a "cuda" table (`python bench/calibrate.py --device cuda` prints the
+probes), so graphs on a GPU are priced with the CPU table and the optimize report says so.
 """
 from __future__ import annotations
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
         "reshape"}  # as a template reshape (VIEW_TARGETS); it copies only where strides allow no view
-COST = {"linear": 1.0, "batched_linear": 1.0, "layer_norm": 1.0, "batched_layer_norm": 1.0,
-        "cat": 0.25, "stack": 0.25, "flatten": 0.25}  # flatten copies when its input is not contiguous
-ELEMENTWISE = 0.5
+# Launches per node kind, per target (calibrated figures above).
+TABLES: dict[str, dict[str, float]] = {
+    "cpu": {"gemm": 1.0, "reduction": 1.0, "elementwise": 0.5, "copy": 0.25},
+}
+# The kind of each constructor with a price; flatten copies when its input is not contiguous.
+KIND = {"linear": "gemm", "batched_linear": "gemm", "layer_norm": "reduction", "batched_layer_norm": "reduction",
+        "cat": "copy", "stack": "copy", "flatten": "copy", "unary": "elementwise", "binary": "elementwise"}
 VIEW_TARGETS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "movedim",
                 "squeeze", "unsqueeze", "expand", "narrow", "select", "getitem", "split", "chunk",
                 "unbind", "view_as", "reshape_as", "contiguous", "detach", "size", "dim",
@@ -32,18 +40,24 @@ REDUCTION_TARGETS = {"sum", "mean", "softmax", "log_softmax", "amax", "max", "mi
                      "batched_layer_norm"}
 
 
-def launch_cost(op: str, target_name: str | None = None) -> float:
-    """Launches for node `op`; template calls pass their FX target's name."""
+def table_for(device_type: str) -> str:
+    """The name of the table that prices graphs on `device_type` ("cpu", "cuda", ...)."""
+    return device_type if device_type in TABLES else "cpu"
+
+
+def launch_cost(op: str, target_name: str | None = None, table: str = "cpu") -> float:
+    """Launches for node `op` under TABLES[table]; template calls pass their FX target's name."""
+    price = TABLES[table]
     if op in FREE:
         return 0.0
-    if op in COST:
-        return COST[op]
-    if op in ("unary", "binary"):
-        return ELEMENTWISE
+    if op in KIND:
+        return price[KIND[op]]
     if op in ("call", "call_multi"):
         if target_name in VIEW_TARGETS:
             return 0.0
-        if target_name in GEMM_TARGETS or target_name in REDUCTION_TARGETS:
-            return 1.0
-        return ELEMENTWISE
+        if target_name in GEMM_TARGETS:
+            return price["gemm"]
+        if target_name in REDUCTION_TARGETS:
+            return price["reduction"]
+        return price["elementwise"]
     raise ValueError(f"launch_cost: unknown op {op!r}")

@@ -122,3 +122,17 @@ def test_optimizing_an_optimized_graph_changes_nothing(name):
     # priced as a copy in the e-graph and as a view when re-lowered: within one launch).
     assert first.cost_after - 1.0 <= second.cost_before <= first.cost_after + 1e-9
     torch.testing.assert_close(twice(*inputs), module(*inputs))
+
+
+def test_cost_tables_price_by_target():
+    from optimus_egg.extract.launch_cost import TABLES, table_for
+
+    assert table_for("cpu") == "cpu"
+    assert table_for("cuda") == ("cuda" if "cuda" in TABLES else "cpu")  # no GPU table calibrated yet
+    for op, kind in [("linear", "gemm"), ("layer_norm", "reduction"), ("stack", "copy"), ("unary", "elementwise")]:
+        assert launch_cost(op, table="cpu") == TABLES["cpu"][kind]
+    from optimus_egg import optimize
+
+    module, inputs = build("parallel_mlp")
+    report = optimize(fx.symbolic_trace(module.eval()), inputs, budget_s=0.0).meta["optimus_egg"]
+    assert report.cost_table == "cpu" and "cpu cost table" in str(report)

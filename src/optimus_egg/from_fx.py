@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from egglog import EGraph, bindings
 
 from optimus_egg import sorts
+from optimus_egg.extract.launch_cost import table_for
 
 aten = torch.ops.aten
 
@@ -284,6 +285,7 @@ class Lowered:
     exprs: dict[fx.Node, Any]
     groups: dict[str, int] = field(default_factory=dict)
     shapes: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
+    cost_table: str = "cpu"               # extract/launch_cost.py TABLES entry that prices it
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -324,6 +326,7 @@ _CHUNK = {torch.chunk, "chunk", aten.chunk.default}
 _UNBIND = {torch.unbind, "unbind", aten.unbind.int}
 _SQUEEZE = {torch.squeeze, torch.Tensor.squeeze, "squeeze", aten.squeeze.dim}  # with one int dim only
 _NARROW = {torch.narrow, torch.Tensor.narrow, "narrow", aten.narrow.default}
+_ATEN_SLICE = {aten.slice.Tensor}  # x[a:b] as make_fx / export write it; not slice_scatter & co.
 _RESHAPE = {torch.reshape, "reshape", "view"}  # to static int sizes only
 _DROPOUT = {F.dropout, torch.dropout, aten.dropout.default}
 _VIEW_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t",
@@ -809,6 +812,8 @@ class _Lowerer:
             return ("pieces", _app("unbind", self.sliced(x), d))
         if key in _SQUEEZE or key in _NARROW:
             return self.make_view(n, key in _NARROW)
+        if key in _ATEN_SLICE and n.op == "call_function":
+            return self.make_aten_slice(n)
         if key in _RESHAPE:
             return self.make_reshape(n)
         if key in _DROPOUT:
@@ -1048,10 +1053,26 @@ class _Lowerer:
         clamp to [0, size]); the slice may be empty. Any other index (ints, None, tensors, other
         steps, two cut dims, a computed bound, no cut dim at all) stays a template."""
         x, index = n.args
-        if not isinstance(x, fx.Node) or x not in self.shapes or not isinstance(index, (slice, tuple)):
+        if not isinstance(index, (slice, tuple)):
+            return None
+        return self.narrow_of_index(x, index if isinstance(index, tuple) else (index,))
+
+    def make_aten_slice(self, n):
+        """aten.slice.Tensor(x, dim=0, start=None, end=None, step=1) is x[..., start:end:step] cut on
+        dim `dim` (end is often sys.maxsize, "to the end"): the narrow make_slice makes of that
+        index. A slice of the whole dim, another step or a computed bound stays a template."""
+        x, d = self.arg(n, 0, "self"), self.arg(n, 1, "dim", 0)
+        shp = self.shapes.get(x) if isinstance(x, fx.Node) else None
+        if shp is None or type(d) is not int or not -len(shp) <= d < len(shp):
+            return None
+        cut = slice(self.arg(n, 2, "start"), self.arg(n, 3, "end"), self.arg(n, 4, "step", 1))
+        return self.narrow_of_index(x, (*[slice(None)] * (d % len(shp)), cut))
+
+    def narrow_of_index(self, x, index: tuple):
+        """narrow(x, d, start, length) for x[index], or None (see make_slice)."""
+        if not isinstance(x, fx.Node) or x not in self.shapes:
             return None  # not a tensor (a tuple of split pieces, a torch.Size), or a dynamic shape
         shp = self.shapes[x]
-        index = index if isinstance(index, tuple) else (index,)
         dots = [k for k, s in enumerate(index) if s is Ellipsis]
         if len(dots) > 1 or len(index) - len(dots) > len(shp):
             return None
@@ -1188,5 +1209,7 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True) -> 
     root = _app("outputs", _vec(outs))
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
+    devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
+    table = table_for(devices.pop() if len(devices) == 1 else "cpu")
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   lw.expr, groups, lw.shapes)
+                   lw.expr, groups, lw.shapes, table)

@@ -38,6 +38,7 @@ class Report:
     stop_reason: str = "not_run"
     matches: dict[str, int] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
+    cost_table: str = ""            # extract/launch_cost.py TABLES entry used ("cpu": the only one calibrated)
     cost_before: float = math.nan   # extraction objective (extract/launch_cost.py, per node)
     cost_after: float = math.nan
     launches_before: int | None = None  # whole-graph estimate with fusion (extract/fusion_cost.py)
@@ -51,7 +52,7 @@ class Report:
         fired = ", ".join(f"{k}={v}" for k, v in sorted(self.matches.items()) if v) or "none"
         lines = [
             f"optimus_egg: launch cost {self.cost_before:.0f} -> {self.cost_after:.0f}"
-            f" ({'changed' if self.changed else 'unchanged'})"
+            f" ({'changed' if self.changed else 'unchanged'}; {self.cost_table or 'no'} cost table)"
             + (f", predicted launches {self.launches_before} -> {self.launches_after}"
                if self.launches_before is not None else ""),
             f"  search: {self.iterations} iterations, stopped by {self.stop_reason}, "
@@ -98,11 +99,14 @@ def enabled_rulesets(disable) -> dict:
 
 
 def node_cost(lowered: Lowered, g: Graph):
-    """The launch cost of one serialized node (template calls look up their FX target)."""
+    """The launch cost of one serialized node under the graph's cost table (template calls
+    look up their FX target)."""
+    table = lowered.cost_table
+
     def cost(n: Node) -> float:
         if n.op in ("call", "call_multi", "unary"):
-            return launch_cost(n.op, _name(lowered.templates[g.values[n.children[0]]].target))
-        return launch_cost(n.op)
+            return launch_cost(n.op, _name(lowered.templates[g.values[n.children[0]]].target), table)
+        return launch_cost(n.op, table=table)
     return cost
 
 
@@ -151,6 +155,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     t = time.perf_counter()
     lowered = from_fx(gm, inputs, seed_groups=budget_s > 0)
     report.groups = lowered.groups
+    report.cost_table = lowered.cost_table
     report.timings["from_fx"] = time.perf_counter() - t
 
     before = _Before(gm, lowered, report)

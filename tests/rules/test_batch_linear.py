@@ -63,7 +63,7 @@ def test_batch_linear_needs_independence():
 def test_batch_linear_left_alone_when_cost_model_says_so(monkeypatch):
     from optimus_egg.extract import launch_cost
 
-    monkeypatch.setitem(launch_cost.COST, "stack", 1.0)  # 3 stacks + 1 bmm > 2 GEMMs
+    monkeypatch.setitem(launch_cost.TABLES["cpu"], "copy", 1.0)  # 3 stacks + 1 bmm > 2 GEMMs
     m = ParallelLinears(n=2)
     after, report = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(2, 4, 16))
     assert fired(report, "batch-linear")  # the alternative exists ...
