@@ -9,6 +9,7 @@ make_fx are cheap, so every op gets its own graph there; a Dynamo or export capt
 from __future__ import annotations
 
 import operator
+import sys
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from optimus_egg.pipeline import node_cost
 from optimus_egg.testing import calls
 from optimus_egg.to_fx import to_fx
 
+aten = torch.ops.aten
 
 # ---- the round trip and the graph sources -----------------------------------------------
 
@@ -337,31 +339,51 @@ def _view_cases():
     ]
 
 
-# x[index] of a [4, 6] x -> (model, whether from_fx lowers the getitem to a narrow): one dim cut
-# by a slice with static bounds and step 1, every other entry whole (or an Ellipsis).
+# x[index] of a [4, 6] x -> (model, narrows from_fx makes of it from symbolic_trace, and from
+# make_fx): one dim cut by a slice with static bounds and step 1, every other entry whole (or an
+# Ellipsis). make_fx writes each cut dim as its own aten.slice.Tensor, after any select or
+# unsqueeze, and leaves whole dims out, so each of its slices with step 1 is one narrow.
 SLICES = {
-    "x[1:3]": (lambda x: x[1:3] + 1, True),
-    "x[:, -4:]": (lambda x: x[:, -4:] + 1, True),
-    "x[..., 2:]": (lambda x: x[..., 2:] + 1, True),
-    "x[:, 1:5:1]": (lambda x: x[:, 1:5:1] + 1, True),
-    "x[-100:2]": (lambda x: x[-100:2] + 1, True),           # clamped to 0:2
-    "x[:, 10:100]": (lambda x: x[:, 10:100] + 1, True),     # clamped to 6:6, empty
-    "x[:, 3:1]": (lambda x: x[:, 3:1] + 1, True),           # empty
-    "x[2:4, 0:6]": (lambda x: x[2:4, 0:6] + 1, True),       # dim 1 whole by its bounds
-    "x[:, :]": (lambda x: x[:, :] + 1, False),              # no dim cut
-    "x[::2]": (lambda x: x[::2] + 1, False),
-    "x[1:3, 2:4]": (lambda x: x[1:3, 2:4] + 1, False),
-    "x[None, 1:3]": (lambda x: x[None, 1:3] + 1, False),
-    "x[0, 1:3]": (lambda x: x[0, 1:3] + 1, False),
-    "x[:, [0, 2]]": (lambda x: x[:, [0, 2]] + 1, False),
-    "x[:, :x.size(1) - 1]": (lambda x: x[:, :x.size(1) - 1] + 1, False),  # a bound computed in the graph
-    "x.shape[1:]": (lambda x: x.new_ones(x.shape[1:]) * x, False),          # a torch.Size, not a tensor
-    "split(x)[1:]": (lambda x: torch.cat(torch.split(x, 2, 1)[1:], 1), False),  # a tuple, not a tensor
+    "x[1:3]": (lambda x: x[1:3] + 1, 1, 1),
+    "x[:, -4:]": (lambda x: x[:, -4:] + 1, 1, 1),             # aten: end sys.maxsize
+    "x[..., 2:]": (lambda x: x[..., 2:] + 1, 1, 1),
+    "x[:, 1:5:1]": (lambda x: x[:, 1:5:1] + 1, 1, 1),
+    "x[-100:2]": (lambda x: x[-100:2] + 1, 1, 1),             # clamped to 0:2
+    "x[:, 10:100]": (lambda x: x[:, 10:100] + 1, 1, 1),       # clamped to 6:6, empty
+    "x[:, 3:1]": (lambda x: x[:, 3:1] + 1, 1, 1),             # empty
+    "x[2:4, 0:6]": (lambda x: x[2:4, 0:6] + 1, 1, 1),         # dim 1 whole by its bounds
+    "x[:, :]": (lambda x: x[:, :] + 1, 0, 0),                 # no dim cut
+    "x[::2]": (lambda x: x[::2] + 1, 0, 0),
+    "x[1:3, 2:4]": (lambda x: x[1:3, 2:4] + 1, 0, 2),
+    "x[None, 1:3]": (lambda x: x[None, 1:3] + 1, 0, 1),
+    "x[0, 1:3]": (lambda x: x[0, 1:3] + 1, 0, 1),
+    "x[:, [0, 2]]": (lambda x: x[:, [0, 2]] + 1, 0, 0),
+    "x[:, :x.size(1) - 1]": (lambda x: x[:, :x.size(1) - 1] + 1, 0, 1),  # a bound computed in the graph (fx)
+    "x.shape[1:]": (lambda x: x.new_ones(x.shape[1:]) * x, 0, 0),        # a torch.Size, not a tensor
+    "split(x)[1:]": (lambda x: torch.cat(torch.split(x, 2, 1)[1:], 1), 0, 0),  # a tuple, not a tensor
 }
+
+# The ATen slicing ops called by name on a [4, 6] x -> (model, whether from_fx lowers it to a
+# narrow): aten.slice.Tensor(x, dim=0, start=None, end=None, step=1) as getitem slicing is; a
+# slice of a whole dim, and the other slicing ops, stay templates.
+ATEN_SLICES = {
+    "slice(x, 1, 2)": (lambda x: aten.slice.Tensor(x, 1, 2) + 1, True),
+    "slice(x, -1, -4, maxsize)": (lambda x: aten.slice.Tensor(x, -1, -4, sys.maxsize) + 1, True),
+    "slice(x, 0, 1, 3, 1)": (lambda x: aten.slice.Tensor(x, 0, 1, 3, 1) + 1, True),
+    "slice(x, dim=1, start=1, end=3)": (lambda x: aten.slice.Tensor(x, dim=1, start=1, end=3) + 1, True),
+    "slice(x, 0, -100, 2)": (lambda x: aten.slice.Tensor(x, 0, -100, 2) + 1, True),  # clamped to 0:2
+    "slice(x, 1, 10, 100)": (lambda x: aten.slice.Tensor(x, 1, 10, 100) + 1, True),  # empty
+    "slice(x)": (lambda x: aten.slice.Tensor(x) + 1, False),                          # dim 0 whole
+    "slice(x, 1, 0, maxsize)": (lambda x: aten.slice.Tensor(x, 1, 0, sys.maxsize) + 1, False),
+    "slice(x, 1, 0, 6, 2)": (lambda x: aten.slice.Tensor(x, 1, 0, 6, 2) + 1, False),
+    "slice_copy(x, 1, 2, 4)": (lambda x: aten.slice_copy.Tensor(x, 1, 2, 4) + 1, False),
+    "slice_scatter(x, z, 1, 2, 4)": (lambda x: aten.slice_scatter.default(x, x.new_zeros(4, 2), 1, 2, 4) + 1, False),
+}
+_ATEN_SLICINGS = {aten.slice.Tensor, aten.slice_copy.Tensor, aten.slice_scatter.default}
 
 
 def _slice_cases():
-    return [(name, model, (x46(),)) for name, (model, _) in SLICES.items()]
+    return [(name, model, (x46(),)) for name, (model, *_) in [*SLICES.items(), *ATEN_SLICES.items()]]
 
 
 class _Bag(nn.Module):
@@ -445,21 +467,45 @@ def test_vocabulary_family_roundtrip(family, source):
 
 
 def _narrows_and_slicings(gm: fx.GraphModule) -> tuple[int, int]:
-    """torch.narrow calls, and getitems by anything but an int."""
-    slicings = [n for n in gm.graph.nodes if n.target is operator.getitem and not isinstance(n.args[1], int)]
+    """torch.narrow calls, and other slicings: getitems by anything but an int, ATen slicing ops."""
+    slicings = [n for n in gm.graph.nodes if (n.target is operator.getitem and not isinstance(n.args[1], int))
+                or n.target in _ATEN_SLICINGS]
     return calls(gm, torch.narrow), len(slicings)
 
 
 @pytest.mark.parametrize("case", list(SLICES))
 def test_getitem_slice_lowering(case):
     """A lowered slice comes back from the e-graph as torch.narrow, any other as its getitem."""
-    model, lowered = SLICES[case]
+    model, narrows, _ = SLICES[case]
     out = roundtrip(*SOURCES["fx"](model, (x46(),)))
+    assert _narrows_and_slicings(out) == (narrows, 1 - narrows)
+
+
+@pytest.mark.parametrize("case", list(SLICES))
+def test_getitem_slice_lowering_aten(case):
+    """Each aten.slice.Tensor that make_fx writes for x[index] comes back as one torch.narrow, or
+    as itself (step 2)."""
+    model, _, narrows = SLICES[case]
+    gm, inputs = SOURCES["aten"](model, (x46(),))
+    out = roundtrip(gm, inputs)
+    assert _narrows_and_slicings(out) == (narrows, calls(gm, aten.slice.Tensor) - narrows)
+
+
+@pytest.mark.parametrize("source", ["fx", "aten"])
+@pytest.mark.parametrize("case", list(ATEN_SLICES))
+def test_aten_slice_lowering(case, source):
+    model, lowered = ATEN_SLICES[case]
+    out = roundtrip(*SOURCES[source](model, (x46(),)))
     assert _narrows_and_slicings(out) == ((1, 0) if lowered else (0, 1))
 
 
 def test_getitem_slice_lowering_dynamo():
     out = roundtrip(*SOURCES["dynamo"](lambda x: x[:, -4:] + x[..., 0:4], (x46(),)))
+    assert _narrows_and_slicings(out) == (2, 0)
+
+
+def test_getitem_slice_lowering_export():
+    out = roundtrip(*SOURCES["export"](lambda x: x[:, -4:] + x[..., 0:4], (x46(),)))
     assert _narrows_and_slicings(out) == (2, 0)
 
 
@@ -519,6 +565,14 @@ def _inplace_through_attr_view(x):
     return z + 0, w
 
 
+def _inplace_into_slice(x):
+    y = x.clone()
+    s = y[:, 1:3]
+    w = s * 2
+    s.add_(1)
+    return y, w + x[:, 0:2]
+
+
 def _inplace_on_input(x):
     x.add_(1)
     return x * 2
@@ -564,6 +618,7 @@ STRUCTURE = {
     "read_before_inplace": (_read_before_inplace, (x46(),)),
     "inplace_through_conversion": (_inplace_through_conversion, (x46(),)),
     "inplace_through_attr_view": (_inplace_through_attr_view, (x46(),)),
+    "inplace_into_slice": (_inplace_into_slice, (x46(),)),
     "inplace_on_input": (_inplace_on_input, (x46(),)),
     "random_draws_in_order": (_random_draws_in_order, (x46(),)),
     "relu_inplace_positional": (_relu_inplace_positional, (x46(),)),
@@ -577,6 +632,13 @@ STRUCTURE = {
 def test_structure_roundtrip(case, source):
     model, inputs = STRUCTURE[case]
     roundtrip(*SOURCES[source](model, inputs))
+
+
+@pytest.mark.parametrize("source", ["fx", "aten"])
+def test_slice_of_mutated_tensor_stays_opaque(source):
+    """y[:, 1:3] is written in place: its slicing stays (an effect); x[:, 0:2] becomes a narrow."""
+    out = roundtrip(*SOURCES[source](_inplace_into_slice, (x46(),)))
+    assert _narrows_and_slicings(out) == (1, 1)
 
 
 def _checked(x):

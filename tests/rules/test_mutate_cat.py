@@ -1,6 +1,7 @@
 import operator
 
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from optimus_egg.rules.merge_splits import merge_splits
 from optimus_egg.rules.mutate_cat import mutate_cat
@@ -216,6 +217,17 @@ def test_cat_of_narrow_run_getitem_slices_whole():
     after, report = optimize_with(before, (mutate_cat, merge_splits), torch.randn(3, 8))
     assert fired(report, "cat-of-narrow-run") and fired(report, "narrow-whole")
     assert _cat_sizes(after) == [] and _narrows(after) == calls(after, operator.getitem) == 0
+
+
+def test_cat_of_narrow_run_aten_slices_whole():
+    def before(x):
+        return torch.cat([x[:, 0:4], x[:, 4:8]], 1)  # make_fx: aten.slice.Tensor(x, 1, 0, 4), ...
+
+    x = torch.randn(3, 8)
+    after, report = optimize_with(make_fx(before)(x), (mutate_cat, merge_splits), x)
+    assert fired(report, "cat-of-narrow-run") and fired(report, "narrow-whole")
+    out, = [n.args[0] for n in after.graph.nodes if n.op == "output"]
+    assert out.op == "placeholder"  # the graph returns x itself
 
 
 def test_narrow_merge_join_getitem_slices_needs_step_one():
