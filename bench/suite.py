@@ -1,14 +1,13 @@
 """Run bench models side by side: plain Inductor, Inductor + Optimus, optimus_egg per budget,
-and the one-round ablation ("greedy_rules"); write bench/results/<model>[_train].csv + .json.
+and the greedy ablation ("greedy_rules"); write bench/results/<model>[_train].csv + .json.
 
     python bench/suite.py parallel_mlp dlrm --budgets 0.01,0.1,1,10 [--train] [--rounds 30]
     python bench/suite.py --all                 # every model but illustrative_10k
 
 One process per model run, one torch thread throughout (see optimus_egg.bench, which holds
 the suite so that `optimus-egg compare` / `optimus-egg bench` run the very same code).
-The "greedy_rules" arm is optimus_egg with Limits(iterations=1): a single saturation round
-(vertical families to their fixpoint, each horizontal family once) followed by the usual
-extraction -- the approximation of "Optimus-style rules without the e-graph search".
+The "greedy_rules" arm is optimus_egg.ablation.rewrite_greedily: one rule family at a time,
+each step's extraction committed before the next (Optimus-style rewriting, no joint search).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
     optimus-egg bench --models parallel_mlp,dcn_v2 --device cuda    # Triton; profiled launches too
 
 `compare` runs one model side by side, in one process, under plain Inductor, Inductor +
-PyTorch's Optimus, optimus_egg at each budget and the one-round ablation ("greedy_rules"),
+PyTorch's Optimus, optimus_egg at each budget and the greedy ablation ("greedy_rules", one family at a time),
 and prints kernel launches, optimize / compile time, median latency (interleaved runs, one
 torch thread) and whether values match eager. `bench` does that for every model, writes
 bench/results/<model>[_train].csv and .json, and regenerates the results table between the
