@@ -24,7 +24,13 @@ norms as native_layer_norm). `test_new_vocabulary_fires` optimizes one fixed pro
 newer kind and checks the rule it targets fired.
 
 Examples: OPTIMUS_EGG_FUZZ_EXAMPLES (default 150, ~80 s in all on 2 cores); derandomized, so
-CI sees the same cases every run. A long run (1000 examples: ~16 min):
+CI sees the same cases every run.
+
+The comparisons above run the optimized graph eagerly. Two more tests compile it with Inductor
+(C++ on CPU), whose fusion and buffer reuse see the rewritten graph: the values of inference, and
+the gradients of training (AOTAutograd's backward of the rewritten forward), against eager.
+OPTIMUS_EGG_FUZZ_INDUCTOR_EXAMPLES programs (default 8, and half as many in training; 1-10 s
+each) that optimus_egg changes; failures are reported as found, not shrunk. A long run (1000 examples: ~16 min):
 OPTIMUS_EGG_FUZZ_EXAMPLES=1000 pytest tests/test_fuzz.py
 (add --hypothesis-show-statistics to see which rules the cases fired).
 """
@@ -40,13 +46,16 @@ import torch._dynamo
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import HealthCheck, Phase, assume, event, given, note, settings
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import optimus_egg
 from optimus_egg.testing import fired
 
 EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_EXAMPLES", "150"))
+# Programs also compiled with Inductor (1-5 s each): its C++ kernels, fusion and buffer reuse
+# see the rewritten graph, which the eager comparisons above do not exercise.
+INDUCTOR_EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_INDUCTOR_EXAMPLES", "8"))
 
 
 @torch.fx.wrap
@@ -563,6 +572,99 @@ def test_random_aten_graph_optimizes_to_same_values(prog):
     note(f"graph:\n{gm.code}")
     out = optimize_strict(gm, [x])
     torch.testing.assert_close(run(out, x), run(gm, x), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def _compiled(gm, x):
+    """(outputs, input after the call) of `gm` compiled by Inductor (caches off)."""
+    from optimus_egg.measure import compile_inductor
+
+    with torch.no_grad():
+        fn = compile_inductor(gm, [x.clone()]).fn
+    x = x.clone()
+    with torch.no_grad():
+        return fn(x), x
+
+
+def _close(a, b, tol) -> bool:
+    try:
+        torch.testing.assert_close(a, b, equal_nan=True, **tol)
+        return True
+    except AssertionError:
+        return False
+
+
+# Compiling is slow: a failing case is reported as found, not shrunk.
+INDUCTOR_SETTINGS = {"deadline": None, "derandomize": True, "database": None, "phases": (Phase.generate,),
+                     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
+                                               HealthCheck.filter_too_much]}
+
+
+@settings(max_examples=INDUCTOR_EXAMPLES, **INDUCTOR_SETTINGS)
+@given(prog=programs())
+def test_random_graph_compiles_to_same_values(prog):
+    """Optimized, then compiled by Inductor: the traced graph's eager values. Programs with
+    training dropout are left out (Inductor draws its own random numbers), and so are those
+    Inductor already compiles to other values without optimus_egg (its numerics, not ours)."""
+    note(f"program: {prog}")
+    model = Program(prog).to(prog["dtype"]).eval()
+    gm = fx.symbolic_trace(model)
+    assume(not any(s[0] == "dropout" for s in prog["steps"]))
+    x = make_input(prog)
+    out = optimize_strict(gm, [x])
+    assume(out.meta["optimus_egg"].changed)
+    note(f"optimized:\n{out.code}")
+    expected = run(gm, x)
+    tol = {"rtol": 1e-3, "atol": 1e-4}  # Inductor reorders float sums
+    if _close(_compiled(out, x), expected, tol):
+        return
+    assume(_close(_compiled(gm, x), expected, tol))  # the unoptimized graph compiles right ...
+    torch.testing.assert_close(_compiled(out, x), expected, equal_nan=True, **tol)  # ... so must ours
+
+
+def _grads(gm, x):
+    """{parameter name: grad} after one forward of gm(x) and a backward of its outputs' sum;
+    None where the program cannot train (no trainable output, or autograd rejects an in-place op)."""
+    from optimus_egg.measure import _backward_seed
+
+    gm.zero_grad(set_to_none=True)
+    try:
+        seed = _backward_seed(gm(x.clone()))
+        if seed is None:
+            return None
+        seed.backward()
+    except RuntimeError:
+        return None
+    return {n: p.grad for n, p in gm.named_parameters()}
+
+
+@settings(max_examples=max(1, INDUCTOR_EXAMPLES // 2), **INDUCTOR_SETTINGS)
+@given(prog=programs())
+def test_random_graph_trains_to_same_grads(prog):
+    """Optimized, then compiled by Inductor for training (AOTAutograd derives the backward of
+    the rewritten forward): every parameter's gradient equals eager's. Same exclusions as above."""
+    from optimus_egg.measure import compile_inductor
+
+    note(f"program: {prog}")
+    model = Program(prog).to(prog["dtype"]).eval()
+    gm = fx.symbolic_trace(model)
+    assume(not any(s[0] == "dropout" for s in prog["steps"]))
+    x = make_input(prog)
+    out = optimize_strict(gm, [x])
+    assume(out.meta["optimus_egg"].changed)
+    note(f"optimized:\n{out.code}")
+    expected = _grads(gm, x)
+    assume(expected is not None)
+
+    def compiled(g):
+        gm.zero_grad(set_to_none=True)
+        compile_inductor(g, [x.clone()], training=True)  # runs one forward and one backward
+        return {n: p.grad for n, p in gm.named_parameters()}
+
+    tol = {"rtol": 1e-3, "atol": 1e-4}
+    if _close(compiled(out), expected, tol):
+        return
+    assume(_close(compiled(gm), expected, tol))
+    torch.testing.assert_close(compiled(out), expected, equal_nan=True, **tol)
 
 
 # ---- the newer vocabulary reaches its rules -------------------------------------------------------
