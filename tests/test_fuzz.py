@@ -24,15 +24,15 @@ norms as native_layer_norm). `test_new_vocabulary_fires` optimizes one fixed pro
 newer kind and checks the rule it targets fired.
 
 Examples: OPTIMUS_EGG_FUZZ_EXAMPLES (default 150, ~80 s in all on 2 cores); derandomized, so
-CI sees the same cases every run.
+CI sees the same cases every run. A long run (1000 examples: ~16 min):
+OPTIMUS_EGG_FUZZ_EXAMPLES=1000 pytest tests/test_fuzz.py
+(add --hypothesis-show-statistics to see which rules the cases fired).
 
 The comparisons above run the optimized graph eagerly. Two more tests compile it with Inductor
 (C++ on CPU), whose fusion and buffer reuse see the rewritten graph: the values of inference, and
 the gradients of training (AOTAutograd's backward of the rewritten forward), against eager.
 OPTIMUS_EGG_FUZZ_INDUCTOR_EXAMPLES programs (default 8, and half as many in training; 1-10 s
-each) that optimus_egg changes; failures are reported as found, not shrunk. A long run (1000 examples: ~16 min):
-OPTIMUS_EGG_FUZZ_EXAMPLES=1000 pytest tests/test_fuzz.py
-(add --hypothesis-show-statistics to see which rules the cases fired).
+each) that optimus_egg changes; failures are reported as found, not shrunk.
 """
 from __future__ import annotations
 
@@ -53,8 +53,7 @@ import optimus_egg
 from optimus_egg.testing import fired
 
 EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_EXAMPLES", "150"))
-# Programs also compiled with Inductor (1-5 s each): its C++ kernels, fusion and buffer reuse
-# see the rewritten graph, which the eager comparisons above do not exercise.
+# Programs also compiled with Inductor (see the module docstring).
 INDUCTOR_EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_INDUCTOR_EXAMPLES", "8"))
 
 
@@ -578,11 +577,9 @@ def _compiled(gm, x):
     """(outputs, input after the call) of `gm` compiled by Inductor (caches off)."""
     from optimus_egg.measure import compile_inductor
 
-    with torch.no_grad():
-        fn = compile_inductor(gm, [x.clone()]).fn
+    fn = compile_inductor(gm, [x.clone()]).fn  # inference: compiled and called under no_grad
     x = x.clone()
-    with torch.no_grad():
-        return fn(x), x
+    return fn(x), x
 
 
 def _close(a, b, tol) -> bool:
