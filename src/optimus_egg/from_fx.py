@@ -25,6 +25,7 @@ import math
 import operator
 import os
 import re
+import shutil
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -73,10 +74,18 @@ def register_text(egraph: EGraph, actions: list[str], lets: dict[str, str] | Non
                   uses: dict[int, tuple[str, ...]] | None = None) -> None:
     """Run egglog actions (text) in one pass; much faster than building Python exprs.
 
-    `lets` names terms that actions refer to by a variable (a split's Pieces, which each of its
-    items would otherwise repeat with its whole size list); `uses[i]` lists the variables
-    action i reads. Each seeding rule binds the variables its actions read once, with a
-    rule-local `let`, so the term is built once per rule, not once per item.
+    Most actions share a few shapes (`(union (node 7) (linear (node 6) (input "w") (input
+    "b")))`: the same text up to its int, float and string literals). Each shape that occurs
+    at least _TABLE_MIN times becomes a relation whose rows are those literals, read by
+    egglog's `input` command from a tab-separated file, and one rule that performs the action
+    for each row (and deletes the row). egglog compiles that rule once instead of type-checking
+    every action (measured on the 10,000-node bench graph: 0.2 s instead of 1.8 s).
+
+    The other actions go in seeding rules of _SEED_CHUNK actions each. `lets` names terms
+    that actions refer to by a variable (a split's Pieces, which each of its items would
+    otherwise repeat with its whole size list); `uses[i]` lists the variables action i reads.
+    Each seeding rule binds the variables its actions read once, with a rule-local `let`, so
+    the term is built once per rule, not once per item.
 
     The program goes to egglog as a file (`include`): egglog parses it natively, and its
     source spans share one copy of the text. (Parsing through `parse_program` hands every
@@ -91,13 +100,12 @@ def register_text(egraph: EGraph, actions: list[str], lets: dict[str, str] | Non
     run = egraph._egraph.run_program
     parse = egraph._egraph.parse_program
     run(*parse("(ruleset optimus_egg_seed)"))
-    path = _write_seed_program(actions, lets, uses)
-    if path is not None:
+    folder = _write_seed_program(actions, lets, uses)
+    if folder is not None:
         try:
-            run(bindings.Include(_SPAN, path))
+            run(bindings.Include(_SPAN, os.path.join(folder, _PROGRAM)))
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            shutil.rmtree(folder, ignore_errors=True)
     else:
         actions = _inline_lets(actions, lets, uses)
         with no_gc():  # ~10^5 short-lived objects; collections would rescan the whole heap
@@ -112,11 +120,72 @@ def register_text(egraph: EGraph, actions: list[str], lets: dict[str, str] | Non
     run(*parse("(run optimus_egg_seed 1)"))
 
 
-def _seed_rules(actions: list[str], lets: dict[str, str], uses: dict[int, tuple[str, ...]]):
+_TABLE_MIN = 8  # actions of one shape that make a table (fewer go in seeding rules)
+_PROGRAM = "seed.egg"
+# Literals. Numbers follow a blank (never a term's head) and end at a blank or paren; a
+# float always has a '.' or an exponent (repr). A string is safe for a table if egglog's
+# `input` reads it back exactly: not empty, not blank-padded, no tab, newline, NUL or escape.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_FLOAT_LIT = re.compile(r'(?<= )-?[0-9]+(?:\.[0-9]+(?:e[-+]?[0-9]+)?|e[-+]?[0-9]+)(?=[ )])')
+_INT_LIT = re.compile(r'(?<= )-?[0-9]+(?=[ )])')
+_LITERAL = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(?<= )-?[0-9][-+.e0-9]*(?=[ )])')
+_UNSAFE_CHARS = re.compile(r'[\\\t\n\r\0]')
+_UNSAFE_STRING = re.compile(r'""|"\s|\s"')  # searched in the action's strings joined by '|'
+_COLUMN = {"i": "i64", "f": "f64", "s": "String"}
+
+
+def _tabulate(actions: list[str], uses: dict[int, tuple[str, ...]]):
+    """Group actions by shape: returns ({shape: rows}, indices of the actions left as text).
+
+    A shape is the action's text with each literal replaced by a NUL and its type letter (s,
+    f, i); a row is the literals' text, tab-separated, strings without their quotes. Actions
+    that read a let variable, or hold a string that is not safe for a table, stay text.
+    """
+    shapes: dict[str, tuple[list[int], list[str]]] = {}
+    rest = []
+    for i, a in enumerate(actions):
+        if i in uses or ('"' in a and (_UNSAFE_CHARS.search(a) or _UNSAFE_STRING.search("|".join(_STRING.findall(a))))):
+            rest.append(i)
+            continue
+        shape = _STRING.sub("\0s", a)
+        if "." in shape or "e-" in shape or "e+" in shape:
+            shape = _FLOAT_LIT.sub("\0f", shape)
+        shape = _INT_LIT.sub("\0i", shape)
+        entry = shapes.get(shape)
+        if entry is None:
+            entry = shapes[shape] = ([], [])
+        entry[0].append(i)
+        entry[1].append("\t".join(_LITERAL.findall(a)).replace('"', ""))
+    tables = {}
+    for shape, (indices, rows) in shapes.items():
+        if len(rows) >= _TABLE_MIN and "\0" in shape:
+            tables[shape] = rows
+        else:
+            rest.extend(indices)
+    rest.sort()
+    return tables, rest
+
+
+def _table_program(k: int, shape: str, path: str) -> str:
+    """The relation, rule and input command that perform `shape`'s action for each row."""
+    types = [_COLUMN[t] for t in re.findall(r"\0(.)", shape)]
+    cols = [f"c{j}" for j in range(len(types))]
+    it = iter(cols)
+    action = re.sub(r"\0.", lambda m: next(it), shape)
+    rel = f"optimus_egg_rows_{k}"
+    atom = f"({rel} {' '.join(cols)})"
+    return (f"(relation {rel} ({' '.join(types)}))\n"
+            f"(rule ({atom}) ({action} (delete {atom})) :ruleset optimus_egg_seed :name \"{rel}\")\n"
+            f"(input {rel} {_str(path)})\n")
+
+
+def _seed_rules(actions: list[str], lets: dict[str, str], uses: dict[int, tuple[str, ...]],
+                indices=None):
     """The seeding rules' text: _SEED_CHUNK actions each, with the lets their actions read."""
-    for k in range(0, len(actions), _SEED_CHUNK):
+    indices = range(len(actions)) if indices is None else indices
+    for k in range(0, len(indices), _SEED_CHUNK):
         body, bound = [], set()
-        for i in range(k, min(k + _SEED_CHUNK, len(actions))):
+        for i in indices[k:k + _SEED_CHUNK]:
             for v in uses.get(i, ()):
                 if v not in bound:
                     bound.add(v)
@@ -126,19 +195,25 @@ def _seed_rules(actions: list[str], lets: dict[str, str], uses: dict[int, tuple[
 
 
 def _write_seed_program(actions, lets, uses) -> str | None:
-    """The seeding program in a temporary file (its path), or None if none can be written."""
+    """A temporary folder holding the seeding program (_PROGRAM) and its tables, or None if
+    none can be written."""
     try:
-        fd, path = tempfile.mkstemp(prefix="optimus_egg_seed_", suffix=".egg")
+        folder = tempfile.mkdtemp(prefix="optimus_egg_seed_")
     except OSError:
         return None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(_seed_rules(actions, lets, uses))
+        tables, rest = _tabulate(actions, uses)
+        with open(os.path.join(folder, _PROGRAM), "w", encoding="utf-8") as f:
+            for k, (shape, rows) in enumerate(tables.items()):
+                path = os.path.join(folder, f"rows_{k}.tsv")
+                with open(path, "w", encoding="utf-8") as t:
+                    t.writelines(r + "\n" for r in rows)
+                f.write(_table_program(k, shape, path))
+            f.writelines(_seed_rules(actions, lets, uses, rest))
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        shutil.rmtree(folder, ignore_errors=True)
         return None
-    return path
+    return folder
 
 
 def _inline_lets(actions: list[str], lets: dict[str, str], uses: dict[int, tuple[str, ...]]) -> list[str]:
@@ -1173,6 +1248,21 @@ class _Lowerer:
             self.facts += [_app("linear_lhs_slot", self.operand(x), g, _vec(sizes), len(shp) - 1, out, i)
                            for i in range(len(members))]
         counts.pop("_lhs", None)
+
+
+def _live(graph: fx.Graph, effects: set[fx.Node]) -> set[fx.Node]:
+    """The nodes the output or an effect (kept for its side effect) depends on. The others are
+    not lowered: extraction starts from the output and the effect chain, so it never kept
+    them, and batched with live nodes they would be computed (and, in training, give their
+    parameters a zero gradient where eager gives none)."""
+    live: set[fx.Node] = set()
+    todo = [n for n in graph.nodes if n.op == "output" or n in effects]
+    while todo:
+        n = todo.pop()
+        if n not in live:
+            live.add(n)
+            todo.extend(n.all_input_nodes)
+    return live
 
 
 def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True) -> Lowered:

@@ -25,7 +25,7 @@ from optimus_egg.extract.launch_cost import launch_cost
 from optimus_egg.from_fx import Lowered, _name, check_inputs, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
-from optimus_egg.to_fx import to_fx
+from optimus_egg.to_fx import graph_module, to_fx
 
 
 @dataclass
@@ -111,7 +111,7 @@ def node_cost(lowered: Lowered, g: Graph):
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
-    return fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    return graph_module(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
 
 
 def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, strict: bool = False,
