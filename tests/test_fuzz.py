@@ -631,8 +631,9 @@ def test_random_graph_compiles_to_same_values(prog):
 
 
 def _param_grads(gm):
-    """{parameter name: grad}; a parameter the loss does not reach counts as a zero gradient:
-    eagerly it has none, but batched with members the loss does reach it gets zeros."""
+    """{parameter name: grad}; a parameter no gradient reaches counts as a zero gradient:
+    eagerly it has none, but batched with members that do get one (a live linear whose output
+    only feeds a non-differentiable op) it gets zeros. Dead nodes join no batch (test_pipeline)."""
     return {n: torch.zeros_like(p) if p.grad is None else p.grad for n, p in gm.named_parameters()}
 
 
@@ -659,7 +660,7 @@ def test_random_graph_trains_to_same_grads(prog):
     the rewritten forward): every parameter's gradient equals eager's."""
     from optimus_egg.measure import compile_inductor
 
-    # No inf / NaN inputs: a batched parameter the loss does not reach gets inf * 0 = NaN.
+    # No inf / NaN inputs: a batched parameter no gradient reaches gets inf * 0 = NaN.
     assume(not prog["special"])
     gm, x, out = _changed_program(prog)
     expected = _grads(gm, x)

@@ -164,3 +164,39 @@ def test_unknown_rule_name_is_a_value_error(mlp):
     gm, inputs = mlp
     with pytest.raises(ValueError, match="batch-linearz"):
         optimus_egg.optimize(gm, inputs, disable=["batch-linearz"])
+
+
+class _DeadBranch(nn.Module):
+    """Four linears on one input; the third one's output is never used."""
+
+    def __init__(self):
+        super().__init__()
+        self.fcs = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        ys = [fc(x) for fc in self.fcs]
+        return ys[0] + ys[1] * ys[3]
+
+
+def test_dead_node_joins_no_batch():
+    """symbolic_trace keeps the unused linear; optimize batches the three live ones only (one
+    GEMM over their concatenated weights), so training gives the dead one no gradient, as
+    eager does."""
+    torch.manual_seed(0)
+    model = _DeadBranch()
+    gm = fx.symbolic_trace(model)
+    x = torch.randn(4, 8)
+    out = optimus_egg.optimize(gm, [x], budget_s=5.0, strict=True)
+    assert out.meta["optimus_egg"].matches["batch-linear-lhs"] > 0
+    assert calls(out, torch._C._nn.linear) == 1 and calls(out, nn.Linear) == 0  # one GEMM for the three
+    assert not any(n.op in ("get_attr", "call_module") and n.target.startswith("fcs.2") for n in out.graph.nodes)
+    torch.testing.assert_close(out(x), gm(x))
+    out(x).sum().backward()
+    got = {k: p.grad for k, p in out.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    for k, p in model.named_parameters():
+        if k.startswith("fcs.2."):
+            assert p.grad is None and got.get(k) is None
+        else:
+            torch.testing.assert_close(got[k], p.grad)

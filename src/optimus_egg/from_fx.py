@@ -1272,12 +1272,15 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True) -> 
     mutated = [n for n in gm.graph.nodes if _is_mutation(n, modules)]
     values = propagate_shapes(gm, inputs, mutates=bool(mutated))
     lw = _Lowerer(gm, values, modules, mutated)
+    live = _live(gm.graph, lw.effect_set)
     prev_effect = None
     out_node = None
     for n in gm.graph.nodes:
         if n.op == "output":
             out_node = n
             continue
+        if n not in live and n.op != "placeholder":
+            continue  # dead: to_fx would drop it anyway, and in a batch it would get a gradient
         deps = [prev_effect] if (n in lw.effect_set and prev_effect is not None) else []
         lw.lower(n, deps)
         if n in lw.effect_set:
