@@ -77,12 +77,16 @@ def _serialize_frozen(egraph: EGraph) -> Graph:
     values: dict[str, object] = {}
     convert = {"i64": eg.value_to_i64, "f64": eg.value_to_f64, "String": eg.value_to_string}
 
-    def cls_of(sort: str, v) -> str:
+    def table_of(sort: str) -> dict:
         table = ids.get(sort)
         if table is None:
             if sort not in term_sorts and sort not in convert and not (sort.startswith(_VEC) and sort.endswith("]")):
                 raise _UnknownSort(sort)
             table = ids[sort] = {}
+        return table
+
+    def cls_of(sort: str, v) -> str:
+        table = table_of(sort)
         c = table.get(v)
         if c is None:
             c = table[v] = f"{sort}-{len(table)}"
@@ -111,10 +115,13 @@ def _serialize_frozen(egraph: EGraph) -> Graph:
         if op not in TERM_OPS:
             continue
         sorts, out_sort = f.input_sorts, f.output_sort
+        tables = [table_of(s) for s in sorts]
+        out_table = table_of(out_sort)
         for i, r in enumerate(f.rows):
             k = f"function-{i}-{op}"
-            eclass = cls_of(out_sort, r.output)
-            nodes[k] = Node(op, [cls_of(s, v) for s, v in zip(sorts, r.inputs)], eclass)
+            # a table hit is a dict lookup; a first sight of a value goes through cls_of
+            eclass = out_table.get(r.output) or cls_of(out_sort, r.output)
+            nodes[k] = Node(op, [t.get(v) or cls_of(s, v) for t, s, v in zip(tables, sorts, r.inputs)], eclass)
             members = classes.get(eclass)
             if members is None:
                 classes[eclass] = [k]

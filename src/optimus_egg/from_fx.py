@@ -642,27 +642,79 @@ def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool | None = No
             with mode, torch.no_grad():
                 _Fake(gm, mode).propagate_dont_convert_inputs(*fakes)
         else:
-            attrs: dict[str, Any] = {}
-
-            class _Real(fx.Interpreter):
-                def run_node(self, n):
-                    return keep(n, super().run_node(n))
-
-                def fetch_attr(self, target: str):  # a dotted-path walk per call_module / get_attr
-                    if target not in attrs:
-                        attrs[target] = super().fetch_attr(target)
-                    return attrs[target]
-
             threads = torch.get_num_threads()
             torch.set_num_threads(1)  # tiny ops: a contended thread pool made this 100x slower
             try:
                 with torch.no_grad():
-                    _Real(gm).run(*inputs)
+                    _run(gm, inputs, keep)
             finally:
                 torch.set_num_threads(threads)
     except Exception as e:  # a shape mismatch surfaces here for untyped graphs
         raise ValueError(f"example inputs do not fit the graph: {type(e).__name__}: {e}") from e
     return {n: (vals[n] if vals[n] is not None else env.get(n)) for n in gm.graph.nodes}
+
+
+def _run(gm: fx.GraphModule, inputs: list, keep) -> None:
+    """Run `gm` on `inputs` node by node, calling keep(node, value) for each: fx.Interpreter's
+    semantics for plain placeholders, without its per-node bookkeeping (half the time on
+    big graphs). A value is dropped after its last use."""
+    if any(n.op == "placeholder" and n.target.startswith("*") for n in gm.graph.nodes):
+        class _Keep(fx.Interpreter):  # varargs placeholders: the Interpreter's rules
+            def run_node(self, n):
+                return keep(n, super().run_node(n))
+
+        _Keep(gm).run(*inputs)
+        return
+    last: dict[fx.Node, list[fx.Node]] = defaultdict(list)  # node -> values last used there
+    seen: set[fx.Node] = set()
+    for n in reversed(gm.graph.nodes):
+        for a in n.all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                last[n].append(a)
+    env: dict[fx.Node, Any] = {}
+    load = env.__getitem__
+    attrs: dict[str, Any] = {}
+    feed = iter(inputs)
+    for n in gm.graph.nodes:
+        op = n.op
+        if op == "placeholder":
+            try:
+                v = next(feed)
+            except StopIteration:
+                if not n.args:
+                    raise RuntimeError(f"no input for placeholder {n.name}") from None
+                v = n.args[0]
+        elif op == "output":
+            return
+        elif op == "get_attr":
+            v = attrs.get(n.target)
+            if v is None:
+                v = attrs[n.target] = _fetch(gm, n.target)
+        else:
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), load)
+            if op == "call_function":
+                v = n.target(*args, **kwargs)
+            elif op == "call_method":
+                v = getattr(args[0], n.target)(*args[1:], **kwargs)
+            else:
+                mod = attrs.get(n.target)
+                if mod is None:
+                    mod = attrs[n.target] = _fetch(gm, n.target)
+                v = mod(*args, **kwargs)
+        env[n] = v
+        keep(n, v)
+        for a in last.get(n, ()):
+            env.pop(a, None)
+
+
+def _fetch(gm: fx.GraphModule, target: str):
+    obj = gm
+    for atom in target.split("."):
+        if not hasattr(obj, atom):
+            raise RuntimeError(f"node target {target!r} does not exist")
+        obj = getattr(obj, atom)
+    return obj
 
 
 def _depths(graph: fx.Graph) -> dict[fx.Node, int]:
