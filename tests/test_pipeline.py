@@ -69,6 +69,42 @@ def test_budget_zero_returns_equivalent_graph(mlp):
     torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
 
 
+def test_budget_spent_before_the_search_forks_no_worker(mlp, monkeypatch):
+    """A budget smaller than the time to prepare the search: the input's equivalent comes
+    back priced, without forking a worker that could only be killed."""
+    from optimus_egg import pipeline, worker
+
+    def no_fork(*a, **k):
+        raise AssertionError("a worker was forked")
+
+    monkeypatch.setattr(worker, "Worker", no_fork)
+    monkeypatch.setattr(pipeline, "FIRST_ITERATION_S_PER_NODE", 0.0)  # lower it, whatever the budget
+    gm, inputs = mlp
+    out = optimus_egg.optimize(gm, inputs, budget_s=1e-9, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.iterations == 0 and report.stop_reason == "budget" and not report.changed
+    assert report.cost_before > 0
+    torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
+
+
+def test_budget_below_one_iteration_is_not_lowered(mlp, monkeypatch):
+    """A budget below FIRST_ITERATION_S_PER_NODE per FX node cannot pay for one search
+    iteration: the input's equivalent comes back without lowering (so unpriced)."""
+    from optimus_egg import pipeline
+
+    def no_lowering(*a, **k):
+        raise AssertionError("lowered")
+
+    monkeypatch.setattr(pipeline, "from_fx", no_lowering)
+    gm, inputs = mlp
+    budget = 0.5 * pipeline.FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes)
+    out = optimus_egg.optimize(gm, inputs, budget_s=budget, strict=True)
+    report = out.meta["optimus_egg"]
+    assert out is not gm and report.stop_reason == "budget" and not report.changed
+    assert math.isnan(report.cost_before) and "from_fx" not in report.timings
+    torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
+
+
 def test_not_a_graph_module_is_a_type_error():
     with pytest.raises(TypeError, match="GraphModule.*Linear"):
         optimus_egg.optimize(nn.Linear(2, 2), [torch.randn(1, 2)])

@@ -109,11 +109,16 @@ class Worker:
                 self.arrived.wait(left)
 
     def stop(self) -> None:
-        """Kill the child (if still running) and reap it; the reader then sees the pipe close."""
+        """Kill the child (if still running); a daemon thread reaps it, and closes the pipe once
+        the reader sees it close (the kernel's teardown of a big child takes ~10 ms, which the
+        caller need not wait for)."""
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        threading.Thread(target=self._reap, name="optimus_egg-worker-reap", daemon=True).start()
+
+    def _reap(self) -> None:
         os.waitpid(self.pid, 0)
         self.reader.join()
         os.close(self.fd)
