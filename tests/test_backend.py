@@ -92,3 +92,41 @@ def test_eight_parallel_linears_launch_one_gemm():
     with torch.no_grad():
         torch.testing.assert_close(egg(x), m(x))
     assert calls(fast, nn.Linear) == 0
+
+
+class Uneven(nn.Module):
+    """Linears at different depths: optimus_egg batches none of them, their backward GEMMs
+    are independent (what the post-grad Optimus passes batch)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.a, self.b, self.c, self.e = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        return self.a(x) * self.c(torch.relu(self.b(x))) + self.e(torch.tanh(x))
+
+
+@pytest.mark.parametrize("post_grad", [True, False])
+def test_backend_runs_the_post_grad_passes_in_training(post_grad):
+    from torch._dynamo.utils import counters
+
+    from optimus_egg.baselines import OPTIMUS_POST_GRAD
+
+    counters.clear()
+    torch.manual_seed(0)
+    m, x = Uneven(), torch.randn(8, 16)
+    ref = Uneven()
+    ref.load_state_dict(m.state_dict())
+    compiled = torch.compile(m, backend=optimus_egg.backend(budget_s=2.0, post_grad=post_grad))
+    out = compiled(x)
+    out.square().sum().backward()
+    ran = {k: v for k, v in counters["inductor"].items() if k in OPTIMUS_POST_GRAD and v}
+    if post_grad:
+        assert ran.get("batch_linear_post_grad", 0) > 0, ran
+    else:
+        assert not ran, ran
+    expected = ref(x)
+    expected.square().sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")

@@ -53,6 +53,7 @@ __all__ = [
     "optimus",
     "optimus_counters",
     "inductor_with_optimus",
+    "post_grad_patches",
 ]
 
 # Optimus groups at least 5 same-key nodes by default (min_fuse_set_size). A fair
@@ -335,8 +336,15 @@ def inductor_with_optimus(
     """
     out = optimus(gm, example_inputs)
     if post_grad:
-        verify_options({}, OPTIMUS_POST_GRAD)
-        out.meta["inductor_config_patches"] = {
-            "post_grad_fusion_options": copy.deepcopy(OPTIMUS_POST_GRAD)
-        }
+        out.meta["inductor_config_patches"] = post_grad_patches()
     return out
+
+
+def post_grad_patches() -> dict[str, Any]:
+    """Inductor config patches that run the post-grad (ATen-level) Optimus passes,
+    ``OPTIMUS_POST_GRAD``, next to any post-grad fusions already configured."""
+    from torch._inductor import config
+
+    verify_options({}, OPTIMUS_POST_GRAD)
+    return {"post_grad_fusion_options": {**copy.deepcopy(config.post_grad_fusion_options),
+                                         **copy.deepcopy(OPTIMUS_POST_GRAD)}}

@@ -6,13 +6,16 @@ process, under these arms and returns one row (a dict, see `COLUMNS`) per arm:
 * ``inductor``           plain Inductor (caches off)
 * ``optimus``            Inductor + PyTorch's Optimus (baselines.inductor_with_optimus; its
                          post-grad ATen passes too when training)
-* ``optimus_egg@<b>s``   optimus_egg.optimize at budget b seconds, then Inductor
+* ``optimus_egg@<b>s``   optimus_egg.optimize at budget b seconds, then Inductor with the
+                         post-grad Optimus passes, as the torch.compile backend runs it
+                         (backend.py: they batch the backward optimus_egg never sees)
 * ``greedy_rules``       the ablation: optimus_egg's own rules applied greedily, one family
                          at a time, no e-graph search (``ablation.rewrite_greedily``): each
                          family in SCHEDULE_ORDER gets one round and its extraction is
                          committed before the next family runs, passes repeating until
                          nothing changes. Its optimize_s is the whole ablation's time; its
-                         report columns sum the steps (see ``ablation.GreedyReport``).
+                         report columns sum the steps (see ``ablation.GreedyReport``);
+                         compiled like optimus_egg.
 
 Every arm compiles with ``measure.compile_inductor`` (after one uncounted warm-up compile of
 a tiny graph per process, so the first arm does not pay Inductor's start-up) and is checked
@@ -307,7 +310,7 @@ def run_model(
     """
     from optimus_egg import measure
     from optimus_egg.ablation import rewrite_greedily
-    from optimus_egg.baselines import inductor_with_optimus
+    from optimus_egg.baselines import inductor_with_optimus, post_grad_patches
     from optimus_egg.models import build
     from optimus_egg.pipeline import optimize
     from torch._dynamo.utils import counters as dynamo_counters
@@ -357,10 +360,12 @@ def run_model(
             for b in budgets:
                 t = time.perf_counter()
                 egg = optimize(gm, inputs, budget_s=b)
+                egg.meta["inductor_config_patches"] = post_grad_patches()  # as backend() compiles it
                 plan.append(_Arm(egg_arm(b), _budget_label(b), egg, time.perf_counter() - t,
                                  report=egg.meta["optimus_egg"]))
         if GREEDY_RULES in wanted:
             greedy = rewrite_greedily(gm, inputs)
+            greedy.meta["inductor_config_patches"] = post_grad_patches()
             rep = greedy.meta["optimus_egg_greedy"]
             plan.append(_Arm(GREEDY_RULES, "", greedy, rep.seconds, report=rep))
 
