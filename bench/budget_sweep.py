@@ -14,7 +14,7 @@ iterations, e-graph nodes and peak RSS, the report's stage timings (from_fx, ext
 saturate, to_fx), and whether the wall time is inside the budget's target bound (README,
 Targets): 1.1 b + 0.3 s up to 2,000 FX nodes, 1.1 b + 2 s up to 20,000 (none stated above).
 Then checks that the cost does not increase with the budget. One torch thread. Writes
-bench/results/budget_sweep.csv.
+bench/results/budget_sweep.csv (replacing the rows of the points it ran, keeping the others).
 """
 from __future__ import annotations
 
@@ -149,10 +149,17 @@ def main(argv=None) -> int:
         else:
             print(f"{model}: cost non-increasing with budget: OK ({' >= '.join(f'{c:g}' for _, c in costs)})")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / "budget_sweep.csv", "w", newline="") as f:
+    path = RESULTS / "budget_sweep.csv"
+    # Rows of other (model, budget) points already in the file stay: a partial sweep updates it.
+    ran = {(r["model"], float(r["budget"])) for r in rows}
+    kept = []
+    if path.exists():
+        with open(path, newline="") as f:
+            kept = [r for r in csv.DictReader(f) if (r["model"], float(r["budget"])) not in ran]
+    with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(sorted(kept + rows, key=lambda r: (r["model"], float(r["budget"]))))
     print(f"wrote {RESULTS / 'budget_sweep.csv'}")
     return 0 if ok else 1
 
