@@ -66,3 +66,12 @@ def test_family_script_end_to_end(tmp_path):
     assert all(r["values_match"] == "True" and float(r["ms"]) > 0 for r in rows)
     egg = rows[-1]
     assert egg["family_fired"] == "True" and "pieces-step=" in egg["rule_counters"]
+
+
+def test_post_grad_script_end_to_end(capsys):
+    """bench/post_grad.py on the smallest model, inference: both compiles match eager."""
+    import post_grad
+
+    assert post_grad.main(["--models", "parallel_mlp", "--infer"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("parallel_mlp") and "without" in line and "with" in line and "DIFFER" not in line

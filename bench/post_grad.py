@@ -1,0 +1,76 @@
+"""What the post-grad Optimus passes add to optimus_egg: launches with and without them.
+
+    python bench/post_grad.py                              # the 8 bench models, training and inference
+    python bench/post_grad.py --models dhen,hstu --train   # training only
+
+optimus_egg rewrites the forward graph; the torch.compile backend (and the bench's optimus_egg
+arm) then compiles with Inductor's post-grad Optimus passes (baselines.OPTIMUS_POST_GRAD),
+which also see the backward. For each model this optimizes once at 1 s, compiles the result
+with and without those passes, and prints Inductor's launches and whether values (and, in
+training, every parameter's gradient) equal eager's. In inference it also prints the Optimus
+arm with and without them (the bench's Optimus arm runs them in training only). One torch
+thread; launches are deterministic, so one run suffices.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+MODELS = ["parallel_mlp", "dlrm", "dcn_v2", "wukong", "dhen", "masknet", "interformer", "hstu"]
+
+
+def launches_of(c) -> int:
+    return c.launches.extern + c.launches.cpp + c.launches.triton + c.launches.fallback
+
+
+def run(name: str, train: bool) -> bool:
+    import torch
+    from optimus_egg.models import build
+    from torch import fx
+
+    from optimus_egg import optimize
+    from optimus_egg.baselines import inductor_with_optimus, post_grad_patches
+    from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, one_thread
+    from optimus_egg.measure import compile_inductor, values_match
+
+    with one_thread():
+        torch.manual_seed(0)
+        model, inputs = build(name)
+        model.train(train)
+        gm = fx.symbolic_trace(model)
+        gm.train(train)
+        params = dict(model.named_parameters())
+        expected, expected_grads = _run_and_grads(model, inputs, params, train)
+        egg = optimize(gm, list(inputs), budget_s=1.0)
+        cells, ok = [], True
+        for label, patches in (("without", {}), ("with", post_grad_patches())):
+            c = compile_inductor(egg, inputs, training=train, config_patches=patches)
+            got, grads = _run_and_grads(c.fn, inputs, params, train)
+            match = values_match(got, expected, **VALUE_TOL) and (not train or _grads_match(grads, expected_grads))
+            ok &= match
+            cells.append(f"{label} {launches_of(c)}{'' if match else ' (VALUES DIFFER)'}")
+        line = f"{name:<13} {'train' if train else 'infer'}  optimus_egg@1s: {', '.join(cells)}"
+        if not train:
+            opt = [launches_of(compile_inductor(inductor_with_optimus(gm, list(inputs), post_grad=pg), inputs))
+                   for pg in (False, True)]
+            line += f"   Optimus: without {opt[0]}, with {opt[1]}"
+        print(line, flush=True)
+        return ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--train", action="store_true", help="training only")
+    ap.add_argument("--infer", action="store_true", help="inference only")
+    args = ap.parse_args(argv)
+    modes = [True] if args.train else [False] if args.infer else [True, False]
+    ok = True
+    for train in modes:
+        for name in (m for m in args.models.split(",") if m):
+            ok &= run(name, train)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
