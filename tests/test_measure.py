@@ -279,3 +279,16 @@ def test_peak_rss_mb():
     assert 50 < rss < 1024 * 1024  # torch alone needs more than 50 MiB
     _big = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
     assert peak_rss_mb() >= rss
+
+
+def test_graph_returning_its_input_launches_nothing():
+    """An optimized graph can reduce to `return x` (split then cat): Inductor writes no code
+    for it, which counts as zero launches, not as a failed compile."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(x)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    inp = torch.randn(3, 4)
+    c = compile_inductor(gm, [inp])
+    assert c.launches == Launches() and c.codes == []
+    torch.testing.assert_close(c.fn(inp), inp)
