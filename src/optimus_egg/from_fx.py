@@ -128,7 +128,7 @@ _PROGRAM = "seed.egg"
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _FLOAT_LIT = re.compile(r'(?<= )-?[0-9]+(?:\.[0-9]+(?:e[-+]?[0-9]+)?|e[-+]?[0-9]+)(?=[ )])')
 _INT_LIT = re.compile(r'(?<= )-?[0-9]+(?=[ )])')
-_LITERAL = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(?<= )-?[0-9][-+.e0-9]*(?=[ )])')
+_LITERAL = re.compile("|".join(p.pattern for p in (_STRING, _FLOAT_LIT, _INT_LIT)))  # the same tokens, in order
 _UNSAFE_CHARS = re.compile(r'[\\\t\n\r\0]')
 _UNSAFE_STRING = re.compile(r'""|"\s|\s"')  # searched in the action's strings joined by '|'
 _COLUMN = {"i": "i64", "f": "f64", "s": "String"}
