@@ -19,10 +19,6 @@ import sys
 MODELS = ["parallel_mlp", "dlrm", "dcn_v2", "wukong", "dhen", "masknet", "interformer", "hstu"]
 
 
-def launches_of(c) -> int:
-    return c.launches.extern + c.launches.cpp + c.launches.triton + c.launches.fallback
-
-
 def run(name: str, train: bool) -> bool:
     import torch
     from optimus_egg.models import build
@@ -48,10 +44,10 @@ def run(name: str, train: bool) -> bool:
             got, grads = _run_and_grads(c.fn, inputs, params, train)
             match = values_match(got, expected, **VALUE_TOL) and (not train or _grads_match(grads, expected_grads))
             ok &= match
-            cells.append(f"{label} {launches_of(c)}{'' if match else ' (VALUES DIFFER)'}")
+            cells.append(f"{label} {c.launches.total}{'' if match else ' (VALUES DIFFER)'}")
         line = f"{name:<13} {'train' if train else 'infer'}  optimus_egg@1s: {', '.join(cells)}"
         if not train:
-            opt = [launches_of(compile_inductor(inductor_with_optimus(gm, list(inputs), post_grad=pg), inputs))
+            opt = [compile_inductor(inductor_with_optimus(gm, list(inputs), post_grad=pg), inputs).launches.total
                    for pg in (False, True)]
             line += f"   Optimus: without {opt[0]}, with {opt[1]}"
         print(line, flush=True)
