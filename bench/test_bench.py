@@ -65,7 +65,7 @@ def test_family_script_end_to_end(tmp_path):
     assert [(r["family"], r["arm"]) for r in rows] == [("pieces", arm) for arm in _family.ARMS]
     assert all(r["values_match"] == "True" and float(r["ms"]) > 0 for r in rows)
     egg = rows[-1]
-    assert egg["family_fired"] == "True" and "pieces-step=" in egg["rule_counters"]
+    assert egg["family_fired"] == "True" and "pieces-leaf=" in egg["rule_counters"]
 
 
 def test_post_grad_script_end_to_end(capsys):

@@ -50,8 +50,15 @@ class SaturationReport:
     rolled_back: bool = False
 
 
+# The pieces check's own facts (rules/pieces.py): at most four per cat/stack operand, so they
+# grow with the terms and never on their own. They are left out of the size the limits see,
+# which was measured and tuned on terms and the other facts.
+CHECK_FACTS = frozenset({"pieces_probe", "pieces_span", "last_operand"})
+
+
 def egraph_nodes(egraph: EGraph) -> int:
-    return sum(n for _, n in egraph.all_function_sizes())
+    """E-nodes across all tables but CHECK_FACTS."""
+    return sum(n for f, n in egraph.all_function_sizes() if str(f) not in CHECK_FACTS)
 
 
 def _schedule(rulesets: dict[str, Ruleset]):
