@@ -120,6 +120,14 @@ def register_text(egraph: EGraph, actions: list[str], lets: dict[str, str] | Non
     run(*parse("(run optimus_egg_seed 1)"))
 
 
+# Fewest linears on one input that make a batch_linear_lhs group. Two save one GEMM but add a
+# kernel that concatenates their weights every call, and in training their separate GEMMs can
+# still be batched by the post-grad passes; the per-node cost cannot see either. Measured at 1 s
+# (bench models, inference / training launches, 2 -> 3): dhen 25 -> 22 / 61 -> 59 (Optimus
+# 27 / 60), wukong 25 -> 28 / 57 -> 66 (Optimus 28 / 66: its FM projection and compress
+# linear share an input), the other six unchanged. With 3, no bench model launches more than
+# Optimus in either mode.
+LHS_MIN_MEMBERS = 3
 _TABLE_MIN = 8  # actions of one shape that make a table (fewer go in seeding rules)
 _PROGRAM = "seed.egg"
 # Literals. Numbers follow a blank (never a term's head) and end at a blank or paren; a
@@ -1278,13 +1286,14 @@ class _Lowerer:
         return dict(counts)
 
     def seed_lhs_groups(self, depth, counts) -> None:
-        """Linears reading the same input (same depth, same bias presence): one wide GEMM."""
+        """Linears reading the same input (same depth, same bias presence), LHS_MIN_MEMBERS or
+        more of them: one wide GEMM."""
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, dt, nobias, _) in self.lhs_kind.items():
             if n in self.expr and n in self.shapes:
                 buckets[(self.expr.get(x, x), dt, nobias, depth[n])].append(n)  # equal inputs: one key
         for members in buckets.values():
-            if len(members) < 2:
+            if len(members) < LHS_MIN_MEMBERS:
                 continue
             x = self.lhs_kind[members[0]][0]
             counts["linear_lhs"] += 1

@@ -29,20 +29,32 @@ def test_batch_linear_lhs_without_bias():
 
 
 def test_batch_linear_lhs_needs_same_input():
-    w1, w2 = torch.randn(8, 16), torch.randn(8, 16)
+    """Three linears read x and one reads y: the wide GEMM takes the three, y's stays apart."""
+    w1, w2, w3, w4 = (torch.randn(8, 16) for _ in range(4))
 
     def before(x, y):
-        return F.linear(x, w1), F.linear(y, w2)
+        return F.linear(x, w1), F.linear(x, w2), F.linear(x, w3), F.linear(y, w4)
 
-    _, report = optimize_with(before, batch_linear_lhs, torch.randn(4, 16), torch.randn(4, 16))
-    assert not fired(report, "batch-linear-lhs")
+    after, report = optimize_with(before, batch_linear_lhs, torch.randn(4, 16), torch.randn(4, 16))
+    assert report.matches["batch-linear-lhs"] == 3 and calls(after, F.linear) == 2
 
 
 def test_batch_linear_lhs_needs_same_bias_presence():
-    w1, w2, b1 = torch.randn(8, 16), torch.randn(8, 16), torch.randn(8)
+    """Three biased linears and one without bias on x: the unbiased one stays apart."""
+    ws, bs = [torch.randn(8, 16) for _ in range(4)], [torch.randn(8) for _ in range(3)]
 
     def before(x):
-        return F.linear(x, w1, b1), F.linear(x, w2)
+        return F.linear(x, ws[0], bs[0]), F.linear(x, ws[1], bs[1]), F.linear(x, ws[2], bs[2]), F.linear(x, ws[3])
 
-    _, report = optimize_with(before, batch_linear_lhs, torch.randn(4, 16))
-    assert not fired(report, "batch-linear-lhs")
+    after, report = optimize_with(before, batch_linear_lhs, torch.randn(4, 16))
+    assert report.matches["batch-linear-lhs"] == 3 and calls(after, F.linear) == 2
+
+
+def test_batch_linear_lhs_needs_three_members():
+    """Two linears on one input stay two GEMMs (from_fx.LHS_MIN_MEMBERS); three become one."""
+    two = torch.fx.symbolic_trace(SharedInput(outs=(8, 16)))
+    after, report = optimize_with(two, batch_linear_lhs, torch.randn(4, 16))
+    assert not fired(report, "batch-linear-lhs") and calls(after, nn.Linear) == 2
+    three = torch.fx.symbolic_trace(SharedInput(outs=(8, 16, 4)))
+    after, report = optimize_with(three, batch_linear_lhs, torch.randn(4, 16))
+    assert fired(report, "batch-linear-lhs") and calls(after, F.linear) == 1
