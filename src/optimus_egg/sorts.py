@@ -189,9 +189,9 @@ def pieces_from(xs: Vec[Tensor], p: Pieces, i: i64Like) -> Unit:
 
 @function(egg_fn="last_operand")
 def last_operand(xs: Vec[Tensor], t: Tensor) -> Unit:
-    """t is xs's last element, as a column: the piece it is found through an index on the
-    getitem table (a computed xs[n - 1] was matched against every getitem row: 0.28 s on
-    the 10,000-node bench graph)."""
+    """t is xs's last element, kept as a column so that the piece it is can be looked up
+    through an index on the getitem table (a computed xs[n - 1] was matched against every
+    getitem row: 0.28 s on the 10,000-node bench graph)."""
 
 
 @function(egg_fn="pieces_probe")
