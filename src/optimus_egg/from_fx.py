@@ -120,14 +120,6 @@ def register_text(egraph: EGraph, actions: list[str], lets: dict[str, str] | Non
     run(*parse("(run optimus_egg_seed 1)"))
 
 
-# Fewest linears on one input that make a batch_linear_lhs group. Two save one GEMM but add a
-# kernel that concatenates their weights every call, and in training their separate GEMMs can
-# still be batched by the post-grad passes; the per-node cost cannot see either. Measured at 1 s
-# (bench models, inference / training launches, 2 -> 3): dhen 25 -> 22 / 61 -> 59 (Optimus
-# 27 / 60), wukong 25 -> 28 / 57 -> 66 (Optimus 28 / 66: its FM projection and compress
-# linear share an input), the other six unchanged. With 3, no bench model launches more than
-# Optimus in either mode.
-LHS_MIN_MEMBERS = 3
 _TABLE_MIN = 8  # actions of one shape that make a table (fewer go in seeding rules)
 _PROGRAM = "seed.egg"
 # Literals. Numbers follow a blank (never a term's head) and end at a blank or paren; a
@@ -733,6 +725,16 @@ def _depths(graph: fx.Graph) -> dict[fx.Node, int]:
 
 
 # ---- lowering ------------------------------------------------------------------------
+
+# Fewest linears on one input that make a batch_linear_lhs group. Two save one GEMM but add a
+# kernel that concatenates their weights every call, and in training their separate GEMMs can
+# still be batched by the post-grad passes; the per-node cost cannot see either. Measured at 1 s
+# (bench models, inference / training launches, 2 -> 3): dhen 25 -> 22 / 61 -> 59 (Optimus
+# 27 / 60), wukong 25 -> 28 / 57 -> 66 (Optimus 28 / 66: its FM projection and compress
+# linear share an input), the other six unchanged. With 3, no bench model launches more than
+# Optimus in either mode.
+LHS_MIN_MEMBERS = 3
+
 
 class _Lowerer:
     def __init__(self, gm: fx.GraphModule, values: dict, modules: dict | None = None, mutated: list | None = None):

@@ -204,6 +204,10 @@ def pieces_span(xs: Vec[Tensor], p: Pieces, a: i64Like, b: i64Like) -> Unit:
     """Checked: xs[j] is p[j] for every a <= j < b."""
 
 
+# The pieces check's own facts (rules/pieces.py): at most four per cat/stack operand.
+CHECK_FACTS = frozenset({"last_operand", "pieces_probe", "pieces_span"})
+
+
 __all__ = [
     "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "even_split", "flatten", "movedim", "unflatten", "f64",
     "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "node", "pieces_from",

@@ -2,12 +2,12 @@
 import pytest
 import torch
 from egglog import run
-from optimus_egg.rules.pieces import pieces
-from optimus_egg.rules.split_cat import split_cat
-from optimus_egg.rules.unbind_stack import unbind_stack
 from torch import fx
 
 from optimus_egg.from_fx import from_fx
+from optimus_egg.rules.pieces import pieces
+from optimus_egg.rules.split_cat import split_cat
+from optimus_egg.rules.unbind_stack import unbind_stack
 from optimus_egg.testing import fired, optimize_with
 
 
