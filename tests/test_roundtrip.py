@@ -24,7 +24,7 @@ from optimus_egg.extract.greedy import greedy
 from optimus_egg.from_fx import Unsupported, from_fx
 from optimus_egg.pipeline import node_cost
 from optimus_egg.testing import calls
-from optimus_egg.to_fx import to_fx
+from optimus_egg.to_fx import prepare, to_fx
 
 aten = torch.ops.aten
 
@@ -42,8 +42,15 @@ def roundtrip(gm: fx.GraphModule, inputs) -> fx.GraphModule:
     before = [_clone(x) for x in inputs]
     lw = from_fx(gm, inputs, seed_groups=False)
     g = serialize(lw.egraph)
-    out = to_fx(lw, g, greedy(g, node_cost(lw, g)), inputs)
+    ex = greedy(g, node_cost(lw, g))
+    out = to_fx(lw, g, ex, inputs)
     out.graph.lint()
+    # Raising with its leaves built beforehand (as while a worker searches) gives the same
+    # module: the same parameters and buffers, no unused attribute reads, the same values below.
+    early = to_fx(lw, g, ex, inputs, prepared=prepare(lw))
+    early.graph.lint()
+    assert not [n.name for n in early.graph.nodes if n.op == "get_attr" and not n.users]
+    assert sorted(early.state_dict()) == sorted(out.state_dict())
     torch.testing.assert_close(inputs, before, rtol=0, atol=0, equal_nan=True)
     ins_want, ins_got = [_clone(x) for x in inputs], [_clone(x) for x in inputs]
     with torch.no_grad():
@@ -53,6 +60,12 @@ def roundtrip(gm: fx.GraphModule, inputs) -> fx.GraphModule:
         got = out(*ins_got)
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(ins_got, ins_want, rtol=0, atol=0, equal_nan=True)
+    ins_early = [_clone(x) for x in inputs]
+    with torch.no_grad():
+        torch.manual_seed(0)
+        got_early = early(*ins_early)
+    torch.testing.assert_close(got_early, want, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(ins_early, ins_want, rtol=0, atol=0, equal_nan=True)
     return out
 
 
@@ -679,3 +692,35 @@ def test_deep_chain_roundtrip():
         return x
 
     roundtrip(fx.symbolic_trace(deep), (x46(),))
+
+
+class _TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_prepared_leaf_left_unused_is_erased():
+    """A get_attr built before raising that the extraction does not read is erased, and the
+    module's attribute copy is redone for the graph that remains (here: a second module's
+    parameters, leaves of the lowered graph the extraction leaves unread)."""
+    model, x = _TwoLinears(), x46()
+    gm = fx.symbolic_trace(model)
+    lw = from_fx(gm, [x], seed_groups=False)
+    g = serialize(lw.egraph)
+    ex = greedy(g, node_cost(lw, g))
+    extra = fx.symbolic_trace(nn.Sequential(nn.Linear(6, 6)))
+    gm.add_module("spare", extra)
+    lw.leaves["attr:spare.0.weight"] = "spare.0.weight"
+    prepared = prepare(lw)
+    assert any(n.target == "spare.0.weight" for n in prepared.graph.nodes)
+    out = to_fx(lw, g, ex, [x], prepared=prepared)
+    out.graph.lint()
+    assert not any(n.op == "get_attr" and n.target.startswith("spare") for n in out.graph.nodes)
+    assert sorted(out.state_dict()) == ["a.bias", "a.weight", "b.bias", "b.weight"]
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), model(x), rtol=0, atol=0)

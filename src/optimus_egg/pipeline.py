@@ -12,6 +12,7 @@ import math
 import numbers
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +26,7 @@ from optimus_egg.extract.launch_cost import launch_cost
 from optimus_egg.from_fx import Lowered, _name, check_inputs, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
-from optimus_egg.to_fx import graph_module, to_fx
+from optimus_egg.to_fx import graph_module, prepare, to_fx
 
 
 @dataclass
@@ -176,7 +177,8 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
         return gm
 
     rulesets = enabled_rulesets(disable)
-    found = _search(lowered, rulesets, limits, budget_s, before)
+    prepared: list = []  # raising's extraction-independent part, built while a worker searches
+    found = _search(lowered, rulesets, limits, budget_s, before, lambda: prepared.append(prepare(lowered)))
     sat = found.sat
     report.timings["saturate"] = sat.seconds
     report.iterations, report.stop_reason = sat.iterations, sat.stop_reason
@@ -190,7 +192,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     if ex.cost >= report.cost_before - 1e-9:
         return gm  # never worse: nothing cheaper was found
     t = time.perf_counter()
-    out = to_fx(lowered, g1, ex, inputs)
+    out = to_fx(lowered, g1, ex, inputs, prepared=prepared[0] if prepared else None)
     report.timings["to_fx"] = time.perf_counter() - t
     # The per-node table cannot see fusion; the whole-graph estimate can. Keep the input if
     # it predicts more launches for the result (never seen on the bench models).
@@ -271,14 +273,15 @@ def _chosen_part(g: Graph, ex: Extraction) -> Graph:
 _EXTRACT_S_PER_NODE = 1e-4
 
 
-def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before: _Before) -> _Found:
+def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before: _Before,
+            while_waiting: Callable[[], None] = lambda: None) -> _Found:
     """Saturate for `budget_s` seconds and extract; a hard deadline when a worker can be forked.
 
     The worker (a fork of this process, holding the seeded e-graph) saturates with the usual
     between-iteration checks, extracts, and sends the result. While searching it also sends
     its e-graph size after each iteration and, when an extraction costs at most as long as
     the search since the last one, a snapshot extraction. Meanwhile the parent measures the
-    input's costs (`before`). It then waits until deadline + allowance(size), where the
+    input's costs (`before`) and calls `while_waiting` (raising's preparation). It then waits until deadline + allowance(size), where the
     allowance is twice the seed graph's extraction time scaled by the e-graph's growth
     (bounded by the node limit), kills the worker and keeps the cheapest extraction it has:
     the final one, a snapshot, or none (the input graph). A budget already spent when the
@@ -319,6 +322,7 @@ def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before:
         size0 = max(egraph_nodes(lowered.egraph), 1)
         extract_s = before.measure()  # while the worker searches
         before.launches()
+        while_waiting()
 
         def hard_deadline(size: int) -> float:
             return deadline + 0.05 + 2 * extract_s * size / size0

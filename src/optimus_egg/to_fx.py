@@ -35,18 +35,36 @@ class _PartialStack:
 
 
 class _Raiser:
-    def __init__(self, lowered: Lowered, g: Graph, ex: Extraction):
-        self.lw, self.g, self.choice = lowered, g, ex.choice
+    """Builds the new graph. The part that does not depend on the extraction (placeholders, and
+    with `add_leaves` every parameter's get_attr) can be built while the search runs."""
+
+    def __init__(self, lowered: Lowered):
+        self.lw = lowered
+        self.g: Graph | None = None
+        self.choice: dict[str, str] = {}
         self.graph = fx.Graph()
         self.env: dict[str, object] = {}
         self.leaf_nodes: dict[str, fx.Node] = {}
         self.new_nodes: list[fx.Node] = []
+        self.prebuilt: list[fx.Node] = []      # get_attr leaves made before they were needed
+        self.shared: set[str] | None = None    # _shareable of the prebuilt graph
+        self.prebuilt_targets: list[str] = []
         for n in lowered.gm.graph.nodes:  # placeholders first, in order, even if unused
             if n.op == "placeholder":
                 p = self.graph.placeholder(n.name, type_expr=n.type,
                                            default_value=n.args[0] if n.args else inspect.Signature.empty)
                 p.meta = dict(n.meta)
                 self.leaf_nodes[n.name] = p
+
+    def add_leaves(self) -> None:
+        """Every get_attr leaf of the lowered graph, in its order, and graph_module's analysis
+        of them (unused ones are erased after raising, and the analysis is redone if the
+        graph's attribute reads then differ)."""
+        for name in self.lw.leaves:
+            if name not in self.leaf_nodes:
+                self.prebuilt.append(self.leaf(name))
+        self.prebuilt_targets = _attr_targets(self.graph)
+        self.shared = _shareable(self.lw.gm, self.graph)
 
     def value(self, cls: str):
         if cls in self.env:
@@ -148,7 +166,9 @@ class _Raiser:
             return self.leaf_nodes[name]
         src = self.lw.leaves[name]
         target = src.target if isinstance(src, fx.Node) else src
-        node = self.graph.get_attr(target)
+        # (create_node, not Graph.get_attr: its existence check walks the module path of
+        # every target; these all name attributes of the input module)
+        node = self.graph.create_node("get_attr", target)
         if isinstance(src, fx.Node):
             node.meta = dict(src.meta)
         self.leaf_nodes[name] = node
@@ -168,20 +188,38 @@ class _Raiser:
         return node
 
 
-def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None) -> fx.GraphModule:
-    r = _Raiser(lowered, g, ex)
+def prepare(lowered: Lowered) -> _Raiser:
+    """The extraction-independent part of raising `lowered`, for `to_fx(..., prepared=)`."""
+    r = _Raiser(lowered)
+    r.add_leaves()
+    return r
+
+
+def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
+          prepared: _Raiser | None = None) -> fx.GraphModule:
+    r = prepared if prepared is not None else _Raiser(lowered)
+    r.g, r.choice = g, ex.choice
     outs = r.value(g.root)  # emits the effect chain kept alive in the root too
     output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
     r.graph.output(output_args)
+    for node in r.prebuilt:
+        if not node.users:
+            r.graph.erase_node(node)
     # Same placeholders and output structure, so the input's calling convention still holds
     # (torch.export modules flatten and unflatten pytrees around the graph).
     r.graph._codegen = copy.copy(lowered.gm.graph._codegen)
     _check_order(r.graph)
-    gm = graph_module(lowered.gm, r.graph, class_name=type(lowered.gm).__name__)
+    shared = r.shared if r.shared is not None and _attr_targets(r.graph) == r.prebuilt_targets else None
+    gm = graph_module(lowered.gm, r.graph, class_name=type(lowered.gm).__name__, shared=shared)
     dynamo_meta = any("example_value" in n.meta for n in lowered.gm.graph.nodes)
     if example_inputs is not None and dynamo_meta:  # traced graphs carry no meta to keep up
         fill_meta(gm, example_inputs, uses_example_value=True)
     return gm
+
+
+def _attr_targets(graph: fx.Graph) -> list[str]:
+    """What graph_module's analysis reads of a graph: its get_attr and call_module targets, in order."""
+    return [n.target for n in graph.nodes if n.op in ("get_attr", "call_module")]
 
 
 def _check_order(graph: fx.Graph) -> None:
@@ -208,7 +246,8 @@ _STATE_METHODS = ("_save_to_state_dict", "_load_from_state_dict", "state_dict", 
 _LEAF = object()  # a target the standard copy installs whole (a called module) or as a plain attribute
 
 
-def graph_module(root: torch.nn.Module, graph: fx.Graph, class_name: str) -> fx.GraphModule:
+def graph_module(root: torch.nn.Module, graph: fx.Graph, class_name: str,
+                 shared: set[str] | None = None) -> fx.GraphModule:
     """fx.GraphModule(root, graph, class_name), minus the cost of rebuilding root's hierarchy.
 
     The constructor copies each get_attr / call_module target of `graph` from `root` into a
@@ -224,10 +263,11 @@ def graph_module(root: torch.nn.Module, graph: fx.Graph, class_name: str) -> fx.
 
     The module is lazy (torch's _LazyGraphModule, as Dynamo's): its Python code is generated
     on first call or first read of `.code`, not here (~0.5 s on a 10,000-node graph, which
-    Inductor never needs).
+    Inductor never needs). `shared`: `_shareable(root, graph)`, if already known.
     """
-    targets = [n.target for n in graph.nodes if n.op in ("get_attr", "call_module")]
-    shared = _shareable(root, graph)
+    targets = _attr_targets(graph)
+    if shared is None:
+        shared = _shareable(root, graph)
     if not shared:
         return _GraphModule(root, graph, class_name=class_name)
     gm = _GraphModule(root, fx.Graph(), class_name=class_name)  # attributes installed below
