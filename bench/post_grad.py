@@ -4,7 +4,7 @@
     python bench/post_grad.py --models dhen,hstu --train   # training only
 
 optimus_egg rewrites the forward graph; the torch.compile backend (and the bench's optimus_egg
-arm) then compiles with Inductor's post-grad Optimus passes (baselines.OPTIMUS_POST_GRAD),
+arm) then compiles with Inductor's post-grad Optimus passes (baselines.EGG_POST_GRAD),
 which also see the backward. For each model this optimizes once at 1 s, compiles the result
 with and without those passes, and prints Inductor's launches and whether values (and, in
 training, every parameter's gradient) equal eager's. In inference it also prints the Optimus
@@ -25,7 +25,7 @@ def run(name: str, train: bool) -> bool:
     from torch import fx
 
     from optimus_egg import optimize
-    from optimus_egg.baselines import inductor_with_optimus, post_grad_patches
+    from optimus_egg.baselines import EGG_POST_GRAD, inductor_with_optimus, post_grad_patches
     from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, one_thread
     from optimus_egg.measure import compile_inductor, values_match
 
@@ -39,7 +39,7 @@ def run(name: str, train: bool) -> bool:
         expected, expected_grads = _run_and_grads(model, inputs, params, train)
         egg = optimize(gm, list(inputs), budget_s=1.0)
         cells, ok = [], True
-        for label, patches in (("without", {}), ("with", post_grad_patches())):
+        for label, patches in (("without", {}), ("with", post_grad_patches(EGG_POST_GRAD))):
             c = compile_inductor(egg, inputs, training=train, config_patches=patches)
             got, grads = _run_and_grads(c.fn, inputs, params, train)
             match = values_match(got, expected, **VALUE_TOL) and (not train or _grads_match(grads, expected_grads))

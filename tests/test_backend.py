@@ -130,3 +130,52 @@ def test_backend_runs_the_post_grad_passes_in_training(post_grad):
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")
+
+
+class TwoGates(nn.Module):
+    """Backward holds two independent same-shape adds (each gate's product rule), which
+    PyTorch's batch_aten_add pass batches."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        p, q = self.a(x), self.b(torch.relu(x))
+        return (p * torch.tanh(p)).sum() + (q * torch.sigmoid(q)).sum()
+
+
+def test_backend_leaves_out_the_pointwise_post_grad_batching_but_mul():
+    """backend() compiles with EGG_POST_GRAD: batch_aten_add, which all of PyTorch's post-grad
+    passes would run on this backward, does not run; the GEMM and mul batching do."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx
+
+    from optimus_egg.baselines import EGG_POST_GRAD, OPTIMUS_POST_GRAD, post_grad_patches
+
+    assert "batch_aten_add" not in EGG_POST_GRAD and "batch_aten_mul" in EGG_POST_GRAD
+    assert set(EGG_POST_GRAD) < set(OPTIMUS_POST_GRAD)
+
+    def ran_with(backend):
+        counters.clear()
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m, x = TwoGates(), torch.randn(8, 16)
+        ref = TwoGates()
+        ref.load_state_dict(m.state_dict())
+        out = torch.compile(m, backend=backend)(x)
+        out.backward()
+        expected = ref(x)
+        expected.backward()
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")
+        return {k for k, v in counters["inductor"].items() if k in OPTIMUS_POST_GRAD and v}
+
+    def every_pass(gm, example_inputs):
+        return compile_fx(optimus_egg.optimize(gm, list(example_inputs), 2.0), example_inputs,
+                          config_patches=post_grad_patches())
+
+    assert "batch_aten_add" in ran_with(every_pass)
+    ran = ran_with(optimus_egg.backend(budget_s=2.0))
+    assert ran <= set(EGG_POST_GRAD) and {"batch_linear_post_grad", "batch_aten_mul"} <= ran, ran
