@@ -45,12 +45,10 @@ def roundtrip(gm: fx.GraphModule, inputs) -> fx.GraphModule:
     ex = greedy(g, node_cost(lw, g))
     out = to_fx(lw, g, ex, inputs)
     out.graph.lint()
-    # Raising with its leaves built beforehand (as while a worker searches) gives the same
-    # module: the same parameters and buffers, no unused attribute reads, the same values below.
+    assert not [n.name for n in out.graph.nodes if n.op == "get_attr" and not n.users]
+    # Raising prepared beforehand (as while a worker searches) gives the same module.
     early = to_fx(lw, g, ex, inputs, prepared=prepare(lw))
-    early.graph.lint()
-    assert not [n.name for n in early.graph.nodes if n.op == "get_attr" and not n.users]
-    assert sorted(early.state_dict()) == sorted(out.state_dict())
+    assert early.code == out.code and list(early.state_dict()) == list(out.state_dict())
     torch.testing.assert_close(inputs, before, rtol=0, atol=0, equal_nan=True)
     ins_want, ins_got = [_clone(x) for x in inputs], [_clone(x) for x in inputs]
     with torch.no_grad():
@@ -60,12 +58,6 @@ def roundtrip(gm: fx.GraphModule, inputs) -> fx.GraphModule:
         got = out(*ins_got)
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(ins_got, ins_want, rtol=0, atol=0, equal_nan=True)
-    ins_early = [_clone(x) for x in inputs]
-    with torch.no_grad():
-        torch.manual_seed(0)
-        got_early = early(*ins_early)
-    torch.testing.assert_close(got_early, want, rtol=0, atol=0, equal_nan=True)
-    torch.testing.assert_close(ins_early, ins_want, rtol=0, atol=0, equal_nan=True)
     return out
 
 

@@ -36,7 +36,8 @@ class _PartialStack:
 
 class _Raiser:
     """Builds the new graph. The part that does not depend on the extraction (placeholders, and
-    with `add_leaves` every parameter's get_attr) can be built while the search runs."""
+    with `add_leaves` every parameter's get_attr) is built first, while the search runs when
+    there is a worker."""
 
     def __init__(self, lowered: Lowered):
         self.lw = lowered
@@ -197,7 +198,9 @@ def prepare(lowered: Lowered) -> _Raiser:
 
 def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
           prepared: _Raiser | None = None) -> fx.GraphModule:
-    r = prepared if prepared is not None else _Raiser(lowered)
+    """The GraphModule of extraction `ex`; `prepared` is `prepare(lowered)` if already built
+    (the same module either way: every parameter read first, in the lowered graph's order)."""
+    r = prepared if prepared is not None else prepare(lowered)
     r.g, r.choice = g, ex.choice
     outs = r.value(g.root)  # emits the effect chain kept alive in the root too
     output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
