@@ -25,7 +25,11 @@ def run(name: str, train: bool) -> bool:
     from torch import fx
 
     from optimus_egg import optimize
-    from optimus_egg.baselines import EGG_POST_GRAD, inductor_with_optimus, post_grad_patches
+    from optimus_egg.baselines import (
+        EGG_POST_GRAD,
+        inductor_with_optimus,
+        post_grad_patches,
+    )
     from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, one_thread
     from optimus_egg.measure import compile_inductor, values_match
 

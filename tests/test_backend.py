@@ -151,7 +151,11 @@ def test_backend_leaves_out_the_pointwise_post_grad_batching_but_mul():
     from torch._dynamo.utils import counters
     from torch._inductor.compile_fx import compile_fx
 
-    from optimus_egg.baselines import EGG_POST_GRAD, OPTIMUS_POST_GRAD, post_grad_patches
+    from optimus_egg.baselines import (
+        EGG_POST_GRAD,
+        OPTIMUS_POST_GRAD,
+        post_grad_patches,
+    )
 
     assert "batch_aten_add" not in EGG_POST_GRAD and "batch_aten_mul" in EGG_POST_GRAD
     assert set(EGG_POST_GRAD) < set(OPTIMUS_POST_GRAD)
@@ -169,7 +173,7 @@ def test_backend_leaves_out_the_pointwise_post_grad_batching_but_mul():
         expected.backward()
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
         for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s, n=name: f"{n}: {s}")
         return {k for k, v in counters["inductor"].items() if k in OPTIMUS_POST_GRAD and v}
 
     def every_pass(gm, example_inputs):
