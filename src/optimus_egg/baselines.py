@@ -129,6 +129,7 @@ EGG_POST_GRAD: dict[str, dict[str, Any]] = {
     if not k.startswith("batch_aten_") or k == "batch_aten_mul"
 }
 
+
 def verify_options(
     pre_grad: dict[str, dict] | None = None, post_grad: dict[str, dict] | None = None
 ) -> None:

@@ -35,9 +35,10 @@ class _PartialStack:
 
 
 class _Raiser:
-    """Builds the new graph. The part that does not depend on the extraction (placeholders, and
-    with `add_leaves` every parameter's get_attr) is built first, while the search runs when
-    there is a worker."""
+    """Builds the new graph. What does not depend on the extraction is built on construction
+    (placeholders, every parameter's get_attr and graph_module's analysis of them), while the
+    search runs when there is a worker; get_attrs the extraction leaves unread are erased
+    after raising, and the analysis is redone if the graph's attribute reads then differ."""
 
     def __init__(self, lowered: Lowered):
         self.lw = lowered
@@ -47,25 +48,15 @@ class _Raiser:
         self.env: dict[str, object] = {}
         self.leaf_nodes: dict[str, fx.Node] = {}
         self.new_nodes: list[fx.Node] = []
-        self.prebuilt: list[fx.Node] = []      # get_attr leaves made before they were needed
-        self.shared: set[str] | None = None    # _shareable of the prebuilt graph
-        self.prebuilt_targets: list[str] = []
         for n in lowered.gm.graph.nodes:  # placeholders first, in order, even if unused
             if n.op == "placeholder":
                 p = self.graph.placeholder(n.name, type_expr=n.type,
                                            default_value=n.args[0] if n.args else inspect.Signature.empty)
                 p.meta = dict(n.meta)
                 self.leaf_nodes[n.name] = p
-
-    def add_leaves(self) -> None:
-        """Every get_attr leaf of the lowered graph, in its order, and graph_module's analysis
-        of them (unused ones are erased after raising, and the analysis is redone if the
-        graph's attribute reads then differ)."""
-        for name in self.lw.leaves:
-            if name not in self.leaf_nodes:
-                self.prebuilt.append(self.leaf(name))
+        self.prebuilt = [self.leaf(name) for name in lowered.leaves if name not in self.leaf_nodes]
         self.prebuilt_targets = _attr_targets(self.graph)
-        self.shared = _shareable(self.lw.gm, self.graph)
+        self.shared = _shareable(lowered.gm, self.graph)
 
     def value(self, cls: str):
         if cls in self.env:
@@ -191,9 +182,7 @@ class _Raiser:
 
 def prepare(lowered: Lowered) -> _Raiser:
     """The extraction-independent part of raising `lowered`, for `to_fx(..., prepared=)`."""
-    r = _Raiser(lowered)
-    r.add_leaves()
-    return r
+    return _Raiser(lowered)
 
 
 def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
@@ -212,7 +201,7 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     # (torch.export modules flatten and unflatten pytrees around the graph).
     r.graph._codegen = copy.copy(lowered.gm.graph._codegen)
     _check_order(r.graph)
-    shared = r.shared if r.shared is not None and _attr_targets(r.graph) == r.prebuilt_targets else None
+    shared = r.shared if _attr_targets(r.graph) == r.prebuilt_targets else None
     gm = graph_module(lowered.gm, r.graph, class_name=type(lowered.gm).__name__, shared=shared)
     dynamo_meta = any("example_value" in n.meta for n in lowered.gm.graph.nodes)
     if example_inputs is not None and dynamo_meta:  # traced graphs carry no meta to keep up
