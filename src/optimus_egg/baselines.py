@@ -117,13 +117,9 @@ OPTIMUS_POST_GRAD: dict[str, dict[str, Any]] = {
 
 # The post-grad passes the optimus_egg backend (and the bench's optimus_egg and greedy-rules
 # arms) compile with: OPTIMUS_POST_GRAD without the pointwise batching other than products.
-# Measured in one run at 1 s, training, one thread, on this CPU (`optimize` once, then the
-# result compiled with every pass / with this set; launches, and step latency over plain
-# Inductor in 100 interleaved rounds): hstu 47 / 47, 1.17x / 1.13x; dhen 59 / 59, 1.12x /
-# 1.10x; wukong 66 / 65, 1.08x / 1.07x; interformer 124 / 124, 1.00x / 0.99x; the other four
-# the same launches. Without batch_aten_mul as well, hstu needs 48 (Optimus: 47). The other
-# batch_aten_* stack operands that Inductor then copies: CPU time, and on wukong a launch.
-# Inference launches on the bench models are the same with either set.
+# The left-out batch_aten_* stack operands that Inductor then copies: on CPU, training step
+# time and on wukong a launch; batch_aten_mul saves hstu one. Measurements: README, Design
+# ("The backward is left to PyTorch's post-grad passes").
 EGG_POST_GRAD: dict[str, dict[str, Any]] = {
     k: v for k, v in OPTIMUS_POST_GRAD.items()
     if not k.startswith("batch_aten_") or k == "batch_aten_mul"

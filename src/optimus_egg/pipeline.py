@@ -282,11 +282,10 @@ def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before:
     its e-graph size after each iteration and, when an extraction costs at most as long as
     the search since the last one, a snapshot extraction. Meanwhile the parent measures the
     input's costs (`before`) and calls `while_waiting` (raising's preparation). It then waits
-    until deadline + allowance(size), where the
-    allowance is twice the seed graph's extraction time scaled by the e-graph's growth
-    (bounded by the node limit), kills the worker and keeps the cheapest extraction it has:
-    the final one, a snapshot, or none (the input graph). A budget already spent when the
-    search could start forks nothing.
+    until deadline + allowance(size), where the allowance is twice the seed graph's
+    extraction time scaled by the e-graph's growth (bounded by the node limit), kills the
+    worker and keeps the cheapest extraction it has: the final one, a snapshot, or none (the
+    input graph). A budget already spent when the search could start forks nothing.
     """
     if not (limits.worker and worker.available()):
         before.measure()
