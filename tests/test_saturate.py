@@ -170,6 +170,33 @@ def test_a_worker_failure_is_reported_and_falls_back(monkeypatch):
     assert out.meta["optimus_egg"].fallback and not out.meta["optimus_egg"].changed
 
 
+def test_the_collector_is_paused_during_optimize_and_restored(monkeypatch):
+    import gc
+
+    import optimus_egg.pipeline as pipeline
+
+    seen = []
+
+    def watching(egraph, rulesets, limits, deadline, on_iteration=None):
+        seen.append(("saturate", gc.isenabled()))
+        return saturate(egraph, rulesets, limits, deadline, on_iteration=on_iteration)
+
+    def send_back(lowered, rulesets, limits, budget_s, before, while_waiting=lambda: None):
+        seen.append(("search", gc.isenabled()))
+        return search(lowered, rulesets, limits, budget_s, before, while_waiting)
+
+    search = pipeline._search
+    monkeypatch.setattr(pipeline, "saturate", watching)
+    monkeypatch.setattr(pipeline, "_search", send_back)
+    gm, inputs = mlp()
+    assert gc.isenabled()
+    out = optimus_egg.optimize(gm, inputs, budget_s=2, strict=True, limits=Limits(worker=False))
+    assert seen == [("search", False), ("saturate", False)]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert out.meta["optimus_egg"].changed
+    torch.testing.assert_close(out(*inputs), gm(*inputs))
+
+
 def test_horizontal_rounds_bound_the_batch_rules():
     lw = lowered()
     rep = saturate(lw.egraph, RULESETS, Limits(horizontal_rounds=0), time.perf_counter() + 30)
