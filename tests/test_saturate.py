@@ -173,7 +173,7 @@ def test_a_worker_failure_is_reported_and_falls_back(monkeypatch):
 def test_the_collector_is_paused_during_optimize_and_restored(monkeypatch):
     import gc
 
-    import optimus_egg.pipeline as pipeline
+    from optimus_egg import pipeline
 
     seen = []
 
