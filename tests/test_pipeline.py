@@ -236,3 +236,87 @@ def test_dead_node_joins_no_batch():
             assert p.grad is None and got.get(k) is None
         else:
             torch.testing.assert_close(got[k], p.grad)
+
+
+# ---- shapes streamed from a forked child (from_fx.shape_values) --------------------------
+
+@pytest.fixture(scope="module")
+def split_model():
+    model, inputs = build("illustrative")  # splits and cats: tuple-valued nodes
+    model.eval()
+    return fx.symbolic_trace(model), list(inputs)
+
+
+def _lower_both(gm, inputs, monkeypatch):
+    from optimus_egg.extract.graph import serialize
+
+    import optimus_egg.from_fx as lowering
+
+    kinds, shape_values = [], lowering.shape_values
+
+    def recorded(*a):
+        values = shape_values(*a)
+        kinds.append(type(values).__name__)
+        return values
+
+    monkeypatch.setattr(lowering, "shape_values", recorded)
+    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 10**9)
+    local = lowering.from_fx(gm, inputs)
+    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    remote = lowering.from_fx(gm, inputs)
+    assert kinds == ["dict", "_Streamed"]
+    a, b = serialize(local.egraph), serialize(remote.egraph)
+    return local, remote, a, b
+
+
+def test_streamed_shapes_lower_like_in_process(split_model, monkeypatch):
+    gm, inputs = split_model
+    local, remote, a, b = _lower_both(gm, inputs, monkeypatch)
+    assert remote.shapes == local.shapes and remote.groups == local.groups
+    assert sorted(n.op for n in b.nodes.values()) == sorted(n.op for n in a.nodes.values())
+    assert len(b.classes) == len(a.classes) and b.values == a.values
+    assert any(n.op == "split" for n in a.nodes.values())  # tuple values went through the stream
+
+
+def test_streamed_shapes_optimize_to_the_same_values(split_model, monkeypatch):
+    import optimus_egg.from_fx as lowering
+
+    gm, inputs = split_model
+    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    out = optimus_egg.optimize(gm, inputs, budget_s=2.0, strict=True)
+    assert out.meta["optimus_egg"].changed
+    torch.testing.assert_close(out(*inputs), gm(*inputs))
+
+
+def test_streamed_shapes_report_a_misfit_as_a_value_error(mlp, monkeypatch):
+    import optimus_egg.from_fx as lowering
+
+    gm, _ = mlp
+    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    with pytest.raises(ValueError, match="do not fit"):
+        lowering.from_fx(gm, [torch.randn(3, 7)])
+    # the parent fails before it reads the value that failed in the child: the misfit is reported
+    monkeypatch.setattr(lowering._Lowerer, "lower", lambda self, n, deps: 1 / 0)
+    with pytest.raises(ValueError, match="do not fit"):
+        lowering.from_fx(gm, [torch.randn(3, 7)])
+
+
+def test_streamed_shapes_fall_back_when_the_child_dies(split_model, monkeypatch):
+    import os
+
+    import optimus_egg.from_fx as lowering
+
+    gm, inputs = split_model
+    parent, run = os.getpid(), lowering._run
+
+    def dies_in_the_child(*a):
+        if os.getpid() != parent:
+            os._exit(5)
+        return run(*a)
+
+    monkeypatch.setattr(lowering, "_run", dies_in_the_child)
+    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 10**9)
+    local = lowering.from_fx(gm, inputs)
+    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    remote = lowering.from_fx(gm, inputs)
+    assert remote.shapes == local.shapes and remote.groups == local.groups

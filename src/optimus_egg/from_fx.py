@@ -24,9 +24,11 @@ import itertools
 import math
 import operator
 import os
+import pickle
 import re
 import shutil
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +38,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from egglog import EGraph, bindings
 
-from optimus_egg import sorts
+from optimus_egg import sorts, worker
 from optimus_egg.extract.launch_cost import table_for
 
 aten = torch.ops.aten
@@ -622,7 +624,7 @@ def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool | None = No
     env: dict[fx.Node, Any] = {}
 
     def keep(n, r):
-        env[n] = Meta(tuple(r.shape), r.dtype, r.device) if isinstance(r, torch.Tensor) else r
+        env[n] = _summary(r)
         return r
 
     try:
@@ -650,8 +652,131 @@ def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool | None = No
             finally:
                 torch.set_num_threads(threads)
     except Exception as e:  # a shape mismatch surfaces here for untyped graphs
-        raise ValueError(f"example inputs do not fit the graph: {type(e).__name__}: {e}") from e
+        raise ValueError(_MISFIT + f"{type(e).__name__}: {e}") from e
     return {n: (vals[n] if vals[n] is not None else env.get(n)) for n in gm.graph.nodes}
+
+
+_MISFIT = "example inputs do not fit the graph: "
+
+
+def _summary(r):
+    """What lowering keeps of a value: a tensor's Meta, a tuple of the items' summaries
+    (lowering reads a tuple's length), or the value itself."""
+    if isinstance(r, torch.Tensor):
+        return Meta(tuple(r.shape), r.dtype, r.device)
+    if isinstance(r, (tuple, list)) and not isinstance(r, torch.Size):
+        return tuple(_summary(x) for x in r)
+    return r
+
+
+# Fewest FX nodes for which shapes are propagated in a forked child while the parent lowers
+# the nodes already propagated (`shape_values`). On the 10,000-node bench graph, running the
+# graph takes 0.4-0.7 s and lowering about as long; overlapped, from_fx took 1.75 s instead of
+# 2.15 s (means of 5 interleaved runs). The fork itself costs ~30 ms with torch loaded, more
+# than the overlap saves on small graphs.
+STREAM_MIN_NODES = 2_000
+_STREAM_BATCH = 256  # values per message from the child
+
+
+def shape_values(gm: fx.GraphModule, inputs: list, mutates: bool):
+    """propagate_shapes(gm, inputs), or on big graphs without in-place ops or meta values,
+    the same values streamed from a forked child (`_Streamed`) as it runs the graph."""
+    if (mutates or len(gm.graph.nodes) < STREAM_MIN_NODES or not worker.available()
+            or any(_meta_value(n) is not None for n in gm.graph.nodes)):
+        return propagate_shapes(gm, inputs, mutates=mutates)
+    return _Streamed(gm, inputs)
+
+
+class _Streamed:
+    """node -> value summary, as propagate_shapes gives it, filled while a forked child runs
+    the graph (one torch thread, no_grad) and sends the summaries of each batch of nodes.
+    `get` waits for the node's batch; `finish` waits for the end of the run and raises the
+    ValueError propagate_shapes would on inputs that do not fit. If the child dies, the values
+    are propagated here instead."""
+
+    def __init__(self, gm: fx.GraphModule, inputs: list):
+        self.gm, self.inputs = gm, inputs
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.got: list = []
+        self.done = False
+        self.local: dict | None = None
+        self.child = worker.Worker(self._run_in_child)
+
+    def _run_in_child(self, send) -> None:
+        torch.set_num_threads(1)
+        batch: list = []
+
+        def keep(n, r):
+            batch.append(_summary(r))
+            if len(batch) >= _STREAM_BATCH:
+                _send_values(send, batch)
+                batch.clear()
+            return r
+
+        try:
+            with torch.no_grad():
+                _run(self.gm, self.inputs, keep)
+        except Exception as e:  # noqa: BLE001 - the parent raises it as a misfit
+            _send_values(send, batch)
+            send(("misfit", f"{type(e).__name__}: {e}"))
+            return
+        _send_values(send, batch)
+        send(("done", None))
+
+    def _next(self) -> None:
+        try:
+            kind, payload = self.child.recv(until=time.perf_counter() + 1e6)
+        except worker.WorkerDied:
+            self.child.stop()
+            self.local = propagate_shapes(self.gm, self.inputs, mutates=False)
+            self.done = True
+            return
+        if kind == "values":
+            self.got.extend(payload)
+            return
+        self.done = True
+        self.child.stop()
+        if kind == "misfit":
+            raise ValueError(_MISFIT + payload)
+        if kind == "error":
+            raise payload
+
+    def get(self, n: fx.Node, default=None):
+        if self.local is not None:
+            return self.local.get(n, default)
+        i = self.order.get(n)
+        if i is None:
+            return default
+        while i >= len(self.got) and not self.done:
+            self._next()
+            if self.local is not None:
+                return self.local.get(n, default)
+        return self.got[i] if i < len(self.got) else default
+
+    def finish(self) -> None:
+        while not self.done:
+            self._next()
+
+    def stop(self) -> None:
+        if not self.done:
+            self.done = True
+            self.child.stop()
+
+
+def _send_values(send, batch: list) -> None:
+    """send(("values", batch)), with a value pickle cannot take replaced by None."""
+    try:
+        send(("values", list(batch)))
+    except Exception:  # noqa: BLE001
+        send(("values", [v if _pickles(v) else None for v in batch]))
+
+
+def _pickles(v) -> bool:
+    try:
+        pickle.dumps(v)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _run(gm: fx.GraphModule, inputs: list, keep) -> None:
@@ -1333,7 +1458,22 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True) -> 
     inputs = check_inputs(gm, example_inputs)
     modules = _submodules(gm)
     mutated = [n for n in gm.graph.nodes if _is_mutation(n, modules)]
-    values = propagate_shapes(gm, inputs, mutates=bool(mutated))
+    values = shape_values(gm, inputs, bool(mutated))
+    try:
+        lowered = _lower(gm, inputs, values, modules, mutated, seed_groups)
+    except ValueError:
+        raise
+    except Exception:
+        if isinstance(values, _Streamed):
+            values.finish()  # a misfit of the inputs is the error to report
+        raise
+    finally:
+        if isinstance(values, _Streamed):
+            values.stop()
+    return lowered
+
+
+def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
     lw = _Lowerer(gm, values, modules, mutated)
     live = _live(gm.graph, lw.effect_set)
     prev_effect = None
@@ -1363,6 +1503,8 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True) -> 
     if prev_effect is not None:
         outs.append(prev_effect)  # keeps the last effect (and its chain) alive
     root = _app("outputs", _vec(outs))
+    if isinstance(values, _Streamed):
+        values.finish()  # every node ran: the inputs fit the graph
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
