@@ -129,6 +129,7 @@ def _serialize_frozen(egraph: EGraph) -> Graph:
                 members.append(k)
             if op == "outputs":
                 root = eclass
+    cls_of = None  # a recursive closure is a reference cycle that would keep its tables alive
     return Graph(nodes, classes, values, origins, root)
 
 

@@ -117,6 +117,7 @@ def select(g: Graph, kids: dict[str, list[str]], rank: dict[str, float], own: di
             raise RuntimeError("extraction found no acyclic term for the graph outputs")
     finally:
         sys.setrecursionlimit(limit)
+        visit = None  # a recursive closure is a reference cycle that would keep g alive
     choice = reachable(g, kids, choice)
     return Extraction(choice, sum(own[k] for k in choice.values()))
 

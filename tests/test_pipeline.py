@@ -320,3 +320,21 @@ def test_streamed_shapes_fall_back_when_the_child_dies(split_model, monkeypatch)
     monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
     remote = lowering.from_fx(gm, inputs)
     assert remote.shapes == local.shapes and remote.groups == local.groups
+
+
+def test_optimize_leaves_its_work_to_reference_counting(split_model):
+    """The serialized e-graphs and raising's tables are freed when optimize is done with them,
+    not left in reference cycles for the collector (paused during optimize, it would then
+    scan them all at once: 0.19 s on the 10,000-node bench graph)."""
+    import gc
+
+    gm, inputs = split_model
+    gc.collect()
+    gc.disable()
+    try:
+        out = optimus_egg.optimize(gm, inputs, budget_s=2.0, strict=True)
+        garbage = gc.collect()
+    finally:
+        gc.enable()
+    assert out.meta["optimus_egg"].changed
+    assert garbage < 1000, garbage  # a few hundred egglog declarations; a leaked e-graph is thousands

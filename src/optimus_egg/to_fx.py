@@ -318,6 +318,7 @@ def _shareable(root: torch.nn.Module, graph: fx.Graph) -> set[str]:
                 visit(child, sub)
 
     visit("", root)
+    entry = visit = None  # recursive closures are reference cycles that would keep `tree` alive
     return shared
 
 
