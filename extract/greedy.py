@@ -36,6 +36,10 @@ def term_children(g: Graph, n: Node) -> list[str]:
 
 
 def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
+    if all(len(ks) == 1 for ks in g.classes.values()):
+        forced = _forced(g, node_cost)
+        if forced is not None:
+            return forced
     fan = g.fanout()
     kids = {k: term_children(g, n) for k, n in g.nodes.items()}
     own = {k: node_cost(n) + EPS for k, n in g.nodes.items()}
@@ -132,3 +136,36 @@ def reachable(g: Graph, kids: dict[str, list[str]], choice: dict[str, str]) -> d
             keep[c] = choice[c]
             todo.extend(kids[choice[c]])
     return keep
+
+
+def _forced(g: Graph, node_cost: Callable[[Node], float]) -> Extraction | None:
+    """The extraction of an e-graph whose every class has one node (a freshly seeded one): the
+    choice is forced, so only what the root reaches is priced. The same choice, in the same
+    order, and the same cost as the fixpoint and `select` give; None if the forced choice has
+    a cycle (then no extraction exists, and the general path says so)."""
+    kids: dict[str, list[str]] = {}
+    choice: dict[str, str] = {}
+    todo = [g.root]
+    while todo:  # `reachable`'s traversal, so the order (and the cost's sum) match
+        c = todo.pop()
+        if c not in choice:
+            k = choice[c] = g.classes[c][0]
+            kids[k] = term_children(g, g.nodes[k])
+            todo.extend(kids[k])
+    waiting = {k: len(set(ks)) for k, ks in kids.items()}  # Kahn's check for a cycle
+    users: dict[str, list[str]] = defaultdict(list)
+    for k, ks in kids.items():
+        for c in set(ks):
+            users[c].append(k)
+    ready = [k for k, n in waiting.items() if n == 0]
+    seen = 0
+    while ready:
+        k = ready.pop()
+        seen += 1
+        for u in users[g.nodes[k].eclass]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                ready.append(u)
+    if seen < len(kids):
+        return None
+    return Extraction(choice, sum(node_cost(g.nodes[k]) + EPS for k in choice.values()))

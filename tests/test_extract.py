@@ -53,6 +53,43 @@ def test_extraction_is_acyclic_on_cyclic_egraph(extractor):
     assert {g.nodes[k].op for k in ex.choice.values()} >= {"input", "unary", "outputs"}
 
 
+@pytest.mark.parametrize("name", ["dlrm", "interformer", "illustrative"])
+def test_a_seeded_egraph_extracts_its_forced_choice(name, monkeypatch):
+    """Every class of a freshly seeded e-graph has one node: greedy skips the fixpoint and
+    returns what the general path returns, in the same order, at the same cost."""
+    import optimus_egg.extract.greedy as greedy_module
+
+    m, inputs = build(name)
+    lw = from_fx(fx.symbolic_trace(m.eval()), list(inputs))
+    g = serialize(lw.egraph)
+    assert all(len(ks) == 1 for ks in g.classes.values())
+    fast = greedy_module._forced(g, node_cost(lw, g))
+    assert fast is not None and greedy(g, node_cost(lw, g)) == fast
+    monkeypatch.setattr(greedy_module, "_forced", lambda g, cost: None)
+    general = greedy(g, node_cost(lw, g))
+    assert list(fast.choice.items()) == list(general.choice.items()) and fast.cost == general.cost
+    assert_acyclic(g, fast.choice)
+
+
+def test_a_forced_cycle_has_no_extraction():
+    eg = EGraph()
+    x = Tensor.input("x")
+    item = unbind(stack(Vec[Tensor](x, x), 0), 0)[0]
+    eg.register(Outputs.of(Vec[Tensor](Tensor.unary(1, item))), union(Tensor.unary(2, item)).with_(item))
+    g = serialize(eg)
+    g.classes = {c: ks[:1] for c, ks in g.classes.items()}
+    g.nodes = {k: n for k, n in g.nodes.items() if k in {ks[0] for ks in g.classes.values()}}
+    import optimus_egg.extract.greedy as greedy_module
+
+    assert greedy_module._forced(g, launch_cost_of) is None
+    with pytest.raises(RuntimeError, match="no acyclic term"):
+        greedy(g, launch_cost_of)
+
+
+def launch_cost_of(n):
+    return launch_cost(n.op)
+
+
 @pytest.fixture(scope="module")
 def saturated():
     out = {}

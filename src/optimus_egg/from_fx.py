@@ -125,14 +125,13 @@ def register_text(egraph: EGraph, actions: list[str], lets: dict[str, str] | Non
 _TABLE_MIN = 8  # actions of one shape that make a table (fewer go in seeding rules)
 _PROGRAM = "seed.egg"
 # Literals. Numbers follow a blank (never a term's head) and end at a blank or paren; a
-# float always has a '.' or an exponent (repr). A string is safe for a table if egglog's
-# `input` reads it back exactly: not empty, not blank-padded, no tab, newline, NUL or escape.
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_FLOAT_LIT = re.compile(r'(?<= )-?[0-9]+(?:\.[0-9]+(?:e[-+]?[0-9]+)?|e[-+]?[0-9]+)(?=[ )])')
-_INT_LIT = re.compile(r'(?<= )-?[0-9]+(?=[ )])')
-_LITERAL = re.compile("|".join(p.pattern for p in (_STRING, _FLOAT_LIT, _INT_LIT)))  # the same tokens, in order
-_UNSAFE_CHARS = re.compile(r'[\\\t\n\r\0]')
-_UNSAFE_STRING = re.compile(r'""|"\s|\s"')  # searched in the action's strings joined by '|'
+# float always has a '.' or an exponent (repr). re.split with this pattern (one capture group)
+# alternates an action's text and its literals; a string is matched whole first, so digits
+# inside it are never numbers. A string is safe for a table if egglog's `input` reads it back
+# exactly: not empty, not blank-padded, no tab, newline, NUL or escape.
+_LITERALS = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*"'
+                       r'|(?<= )-?[0-9]+(?:\.[0-9]+(?:e[-+]?[0-9]+)?|e[-+]?[0-9]+)?(?=[ )]))')
+_UNSAFE_STRING = re.compile(r'\A""\Z|\A"\s|\s"\Z|[\\\t\n\r\0]')
 _COLUMN = {"i": "i64", "f": "f64", "s": "String"}
 
 
@@ -145,19 +144,31 @@ def _tabulate(actions: list[str], uses: dict[int, tuple[str, ...]]):
     """
     shapes: dict[str, tuple[list[int], list[str]]] = {}
     rest = []
+    split, unsafe = _LITERALS.split, _UNSAFE_STRING.search
     for i, a in enumerate(actions):
-        if i in uses or ('"' in a and (_UNSAFE_CHARS.search(a) or _UNSAFE_STRING.search("|".join(_STRING.findall(a))))):
+        if i in uses:
             rest.append(i)
             continue
-        shape = _STRING.sub("\0s", a)
-        if "." in shape or "e-" in shape or "e+" in shape:
-            shape = _FLOAT_LIT.sub("\0f", shape)
-        shape = _INT_LIT.sub("\0i", shape)
-        entry = shapes.get(shape)
-        if entry is None:
-            entry = shapes[shape] = ([], [])
-        entry[0].append(i)
-        entry[1].append("\t".join(_LITERAL.findall(a)).replace('"', ""))
+        parts = split(a)
+        shape = parts[0]
+        for k in range(1, len(parts), 2):
+            lit = parts[k]
+            if lit[0] == '"':
+                if unsafe(lit):
+                    break
+                shape += "\0s" + parts[k + 1]
+            elif "." in lit or "e" in lit:
+                shape += "\0f" + parts[k + 1]
+            else:
+                shape += "\0i" + parts[k + 1]
+        else:
+            entry = shapes.get(shape)
+            if entry is None:
+                entry = shapes[shape] = ([], [])
+            entry[0].append(i)
+            entry[1].append("\t".join(parts[1::2]).replace('"', ""))
+            continue
+        rest.append(i)
     tables = {}
     for shape, (indices, rows) in shapes.items():
         if len(rows) >= _TABLE_MIN and "\0" in shape:
