@@ -263,10 +263,15 @@ def graph_module(root: torch.nn.Module, graph: fx.Graph, class_name: str,
     if not shared:
         return _GraphModule(root, graph, class_name=class_name)
     gm = _GraphModule(root, fx.Graph(), class_name=class_name)  # attributes installed below
+    installed: set[str] = set()
     for t in targets:
         atoms = t.split(".")
         prefix = next((".".join(atoms[:i]) for i in range(1, len(atoms)) if ".".join(atoms[:i]) in shared), None)
-        _copy_attr(root, gm, prefix or t)  # a no-op once `prefix` is installed
+        if prefix is None:
+            _copy_attr(root, gm, t)
+        elif prefix not in installed:
+            installed.add(prefix)
+            _copy_attr(root, gm, prefix)
     gm.graph = graph  # (re)compiles forward, as the constructor does
     return gm
 
