@@ -143,29 +143,29 @@ def _forced(g: Graph, node_cost: Callable[[Node], float]) -> Extraction | None:
     choice is forced, so only what the root reaches is priced. The same choice, in the same
     order, and the same cost as the fixpoint and `select` give; None if the forced choice has
     a cycle (then no extraction exists, and the general path says so)."""
-    kids: dict[str, list[str]] = {}
     choice: dict[str, str] = {}
+    kids: dict[str, list[str]] = {}  # class -> its chosen node's term children
     todo = [g.root]
     while todo:  # `reachable`'s traversal, so the order (and the cost's sum) match
         c = todo.pop()
         if c not in choice:
             k = choice[c] = g.classes[c][0]
-            kids[k] = term_children(g, g.nodes[k])
-            todo.extend(kids[k])
-    waiting = {k: len(set(ks)) for k, ks in kids.items()}  # Kahn's check for a cycle
-    users: dict[str, list[str]] = defaultdict(list)
-    for k, ks in kids.items():
-        for c in set(ks):
-            users[c].append(k)
-    ready = [k for k, n in waiting.items() if n == 0]
-    seen = 0
-    while ready:
-        k = ready.pop()
-        seen += 1
-        for u in users[g.nodes[k].eclass]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                ready.append(u)
-    if seen < len(kids):
-        return None
+            todo.extend(kids.setdefault(c, term_children(g, g.nodes[k])))
+    # A cycle check: depth-first, a class met again while still open closes a cycle.
+    done: set[str] = set()
+    open_ = {g.root}
+    stack = [(g.root, iter(kids[g.root]))]
+    while stack:
+        c, below = stack[-1]
+        for k in below:
+            if k in open_:
+                return None
+            if k not in done:
+                open_.add(k)
+                stack.append((k, iter(kids[k])))
+                break
+        else:
+            stack.pop()
+            open_.discard(c)
+            done.add(c)
     return Extraction(choice, sum(node_cost(g.nodes[k]) + EPS for k in choice.values()))
