@@ -777,7 +777,7 @@ class _Streamed:
 def _send_values(send, batch: list) -> None:
     """send(("values", batch)), with a value pickle cannot take replaced by None."""
     try:
-        send(("values", list(batch)))
+        send(("values", batch))
     except Exception:  # noqa: BLE001
         send(("values", [v if _pickles(v) else None for v in batch]))
 
