@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,31 +41,36 @@ def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
         if forced is not None:
             return forced
     fan = g.fanout()
-    kids = {k: term_children(g, n) for k, n in g.nodes.items()}
-    own = {k: node_cost(n) + EPS for k, n in g.nodes.items()}
-    # The fixpoint below runs on integer ids (node i is the i-th of g.nodes, class j the j-th
-    # of g.classes) and lists: the same updates, in the same order, as on the string keys.
+    # The fixpoint and the selection run on integer ids: node i is the i-th of g.nodes, class
+    # j the j-th of g.classes (the same updates, in the same order, as on the string keys).
     keys = list(g.nodes)
+    n_of = list(g.nodes.values())
     cls_id = {c: j for j, c in enumerate(g.classes)}
-    n_of = [g.nodes[k] for k in keys]
+    idx = {k: i for i, k in enumerate(keys)}
+    members = [[idx[k] for k in ks] for ks in g.classes.values()]
     node_cls = [cls_id[n.eclass] for n in n_of]
-    own_of = [own[k] for k in keys]
-    kid_ids = [[cls_id[c] for c in kids[k]] for k in keys]
+    own_of = [node_cost(n) + EPS for n in n_of]
+    vec_kids = {c: [cls_id[e] for e in v if e in cls_id] for c, v in g.values.items() if isinstance(v, list)}
+    kid_ids: list[list[int]] = []  # term_children, as class ids
+    for n in n_of:
+        ks = []
+        for c in n.children:
+            j = cls_id.get(c)
+            if j is not None:
+                ks.append(j)
+            elif c in vec_kids:
+                ks.extend(vec_kids[c])
+        kid_ids.append(ks)
     # an item pays its tuple's cost over the tuple's fanout: (pieces class, divisor) or None
     item_of = [(cls_id[n.children[0]], max(fan.get(n.children[0], 1), 1)) if n.op == "item" else None
                for n in n_of]
-    parents: list[list[int]] = [[] for _ in cls_id]
-    seen: dict[str, list[str]] = defaultdict(list)  # the string-keyed order, as before
-    for k, cs in kids.items():
-        for c in set(cs):
-            seen[c].append(k)
-    idx = {k: i for i, k in enumerate(keys)}
-    for c, ps in seen.items():
-        parents[cls_id[c]] = [idx[k] for k in ps]
+    parents: list[list[int]] = [[] for _ in members]
+    for i, ks in enumerate(kid_ids):
+        for j in (ks if len(ks) < 2 else set(ks)):
+            parents[j].append(i)
     inf = math.inf
-    cost = [inf] * len(cls_id)
-    best = [inf] * len(keys)
-    done = [False] * len(keys)
+    cost = [inf] * len(members)
+    best = [inf] * len(keys)  # a node's cost once the fixpoint has priced it
 
     # Start from the nodes without term children: any other node costs inf until a child's
     # class gets a cost, and that pushes it (the same fixpoint, without the wasted visits).
@@ -83,7 +88,6 @@ def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
         else:
             total = own_of[i] + sum([cost[c] for c in kid_ids[i]])
         best[i] = total
-        done[i] = True
         c = node_cls[i]
         if total < cost[c] - 1e-12:
             cost[c] = total
@@ -91,39 +95,53 @@ def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
                 if not queued[p]:
                     queued[p] = True
                     push(p)
-    best_node = {k: best[i] for i, k in enumerate(keys) if done[i]}
-    return select(g, kids, best_node, own)
+    chosen = _select(cls_id[g.root], members, kid_ids, best)
+    classes = list(g.classes)
+    return Extraction({classes[c]: keys[i] for c, i in chosen.items()},
+                      sum(own_of[i] for i in chosen.values()))
 
 
-def select(g: Graph, kids: dict[str, list[str]], rank: dict[str, float], own: dict[str, float]) -> Extraction:
-    choice: dict[str, str] = {}
-    on_path: set[str] = set()
+def _select(root: int, members: list[list[int]], kid_ids: list[list[int]], rank: list[float]) -> dict[int, int]:
+    """Class -> node for the classes the root reaches: in each class the cheapest node (by
+    `rank`) whose children can all be chosen without closing a cycle, by a depth-first search
+    that never enters a class on its own path."""
+    choice: dict[int, int] = {}
+    on_path: set[int] = set()
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 20 * len(g.classes) + 1000))
+    sys.setrecursionlimit(max(limit, 20 * len(members) + 1000))
+    isfinite = math.isfinite
 
-    def visit(cls: str) -> bool:
+    def visit(cls: int) -> bool:
         if cls in choice:
             return True
         if cls in on_path:
             return False
         on_path.add(cls)
-        for k in sorted(g.classes[cls], key=lambda k: rank.get(k, math.inf)):
-            if not math.isfinite(rank.get(k, math.inf)):
+        for k in sorted(members[cls], key=rank.__getitem__):
+            if not isfinite(rank[k]):
                 break
-            if all(visit(c) for c in kids[k]):
+            if all(visit(c) for c in kid_ids[k]):
                 choice[cls] = k
                 break
         on_path.discard(cls)
         return cls in choice
 
     try:
-        if not visit(g.root):
+        if not visit(root):
             raise RuntimeError("extraction found no acyclic term for the graph outputs")
     finally:
         sys.setrecursionlimit(limit)
-        visit = None  # a recursive closure is a reference cycle that would keep g alive
-    choice = reachable(g, kids, choice)
-    return Extraction(choice, sum(own[k] for k in choice.values()))
+        visit = None  # a recursive closure is a reference cycle that would keep its lists alive
+    # the part of `choice` the root actually uses (failed attempts leave extra entries), in
+    # `reachable`'s order
+    keep: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        c = todo.pop()
+        if c not in keep:
+            keep[c] = choice[c]
+            todo.extend(kid_ids[choice[c]])
+    return keep
 
 
 def reachable(g: Graph, kids: dict[str, list[str]], choice: dict[str, str]) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """optimize(): round trip with no rules, the report, bad input, budget 0 and fallbacks."""
 import math
+import os
 import warnings
 
 import pytest
@@ -320,6 +321,33 @@ def test_streamed_shapes_fall_back_when_the_child_dies(split_model, monkeypatch)
     monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
     remote = lowering.from_fx(gm, inputs)
     assert remote.shapes == local.shapes and remote.groups == local.groups
+
+
+def test_meanwhile_runs_once_beside_the_streaming_child(split_model, monkeypatch):
+    import optimus_egg.from_fx as lowering
+    import optimus_egg.pipeline as pipeline
+
+    gm, inputs = split_model
+    seen, lower = [], lowering._lower
+
+    def lowered_after(*a):
+        seen.append("lower")
+        return lower(*a)
+
+    def meanwhile():  # the streaming child is running: this process has a child
+        with open(f"/proc/self/task/{os.getpid()}/children") as f:
+            seen.append(("meanwhile", bool(f.read().split())))
+
+    monkeypatch.setattr(lowering, "_lower", lowered_after)
+    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    lowering.from_fx(gm, inputs, meanwhile=meanwhile)
+    assert seen == [("meanwhile", True), "lower"]
+    # optimize warms its rules there: the search finds them translated
+    warmed, warm = [], pipeline.warm
+    monkeypatch.setattr(pipeline, "warm", lambda rs: (warmed.append(len(seen)), warm(rs)))
+    out = optimus_egg.optimize(gm, inputs, budget_s=1.0, strict=True)
+    assert warmed[0] == 2 and out.meta["optimus_egg"].changed  # before this from_fx's lowering
+    torch.testing.assert_close(out(*inputs), gm(*inputs))
 
 
 def test_optimize_leaves_its_work_to_reference_counting(split_model):

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -681,11 +682,12 @@ def _summary(r):
 
 
 # Fewest FX nodes for which shapes are propagated in a forked child while the parent lowers
-# the nodes already propagated (`shape_values`). On the 10,000-node bench graph, running the
-# graph takes 0.4-0.7 s and lowering about as long; overlapped, from_fx took 1.75 s instead of
-# 2.15 s (means of 5 interleaved runs). The fork itself costs ~30 ms with torch loaded, more
-# than the overlap saves on small graphs.
-STREAM_MIN_NODES = 2_000
+# the nodes already propagated (`shape_values`) and runs from_fx's `meanwhile` (optimize's rule
+# warm-up, ~0.05 s). The fork costs 10-30 ms with torch loaded. On the 10,000-node bench graph
+# running the graph takes 0.4-0.7 s and lowering about as long: overlapped, from_fx took 1.75 s
+# instead of 2.15 s (means of 5 interleaved runs); on the 1,000-node one, optimize at b = 0.1
+# took 0.475 s instead of 0.525 s (medians of 8 interleaved runs).
+STREAM_MIN_NODES = 500
 _STREAM_BATCH = 256  # values per message from the child
 
 
@@ -1464,13 +1466,18 @@ def _live(graph: fx.Graph, effects: set[fx.Node]) -> set[fx.Node]:
     return live
 
 
-def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True) -> Lowered:
-    """Lower `gm` into a fresh e-graph; raises ValueError on inputs that do not fit the graph."""
+def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
+            meanwhile: Callable[[], None] | None = None) -> Lowered:
+    """Lower `gm` into a fresh e-graph; raises ValueError on inputs that do not fit the graph.
+    `meanwhile` runs once the shapes are being propagated: beside the child that streams them
+    on big graphs (`shape_values`), so it costs no wall time while that runs."""
     inputs = check_inputs(gm, example_inputs)
     modules = _submodules(gm)
     mutated = [n for n in gm.graph.nodes if _is_mutation(n, modules)]
     values = shape_values(gm, inputs, bool(mutated))
     try:
+        if meanwhile is not None:
+            meanwhile()
         lowered = _lower(gm, inputs, values, modules, mutated, seed_groups)
     except ValueError:
         raise

@@ -103,11 +103,15 @@ def node_cost(lowered: Lowered, g: Graph):
     """The launch cost of one serialized node under the graph's cost table (template calls
     look up their FX target)."""
     table = lowered.cost_table
+    memo: dict[tuple, float] = {}  # (op, template) -> cost: a few dozen keys for the whole graph
 
     def cost(n: Node) -> float:
-        if n.op in ("call", "call_multi", "unary"):
-            return launch_cost(n.op, _name(lowered.templates[g.values[n.children[0]]].target), table)
-        return launch_cost(n.op, table=table)
+        key = (n.op, g.values[n.children[0]]) if n.op in ("call", "call_multi", "unary") else (n.op, None)
+        c = memo.get(key)
+        if c is None:
+            name = None if key[1] is None else _name(lowered.templates[key[1]].target)
+            c = memo[key] = launch_cost(n.op, name, table)
+        return c
     return cost
 
 
@@ -164,8 +168,11 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
         report.stop_reason = "budget"  # cost_before stays NaN: the input was not priced
         return gm
+    rulesets = enabled_rulesets(disable)
     t = time.perf_counter()
-    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0)
+    # egglog-python translates the rules on first use: done beside the shape propagation
+    meanwhile = (lambda: warm(rulesets)) if budget_s > 0 else None
+    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile)
     report.groups = lowered.groups
     report.cost_table = lowered.cost_table
     report.timings["from_fx"] = time.perf_counter() - t
@@ -176,7 +183,6 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
         report.stop_reason = "budget"
         return gm
 
-    rulesets = enabled_rulesets(disable)
     prepared: list = []  # raising's extraction-independent part, built while a worker searches
     found = _search(lowered, rulesets, limits, budget_s, before, lambda: prepared.append(prepare(lowered)))
     sat = found.sat
