@@ -325,7 +325,7 @@ def test_streamed_shapes_fall_back_when_the_child_dies(split_model, monkeypatch)
 
 def test_meanwhile_runs_once_beside_the_streaming_child(split_model, monkeypatch):
     import optimus_egg.from_fx as lowering
-    import optimus_egg.pipeline as pipeline
+    from optimus_egg import pipeline
 
     gm, inputs = split_model
     seen, lower = [], lowering._lower
