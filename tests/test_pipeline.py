@@ -350,6 +350,28 @@ def test_meanwhile_runs_once_beside_the_streaming_child(split_model, monkeypatch
     torch.testing.assert_close(out(*inputs), gm(*inputs))
 
 
+def _same_egraph(a, b) -> None:
+    """The same terms, up to the numbering of classes (which follows the seeding order)."""
+    assert sorted(n.op for n in b.nodes.values()) == sorted(n.op for n in a.nodes.values())
+    assert len(b.classes) == len(a.classes) and len(b.values) == len(a.values)
+    prims = [sorted(repr(v) for v in g.values.values() if not isinstance(v, list)) for g in (a, b)]
+    assert prims[0] == prims[1]
+
+
+def test_seeding_without_a_temporary_folder(split_model, monkeypatch):
+    from optimus_egg.extract.graph import serialize
+
+    import optimus_egg.from_fx as lowering
+
+    gm, inputs = split_model
+    with_files = lowering.from_fx(gm, inputs)
+    monkeypatch.setattr(lowering, "_write_seed_program", lambda *a: None)
+    _same_egraph(serialize(with_files.egraph), serialize(lowering.from_fx(gm, inputs).egraph))
+    out = optimus_egg.optimize(gm, inputs, budget_s=1.0, strict=True)
+    assert out.meta["optimus_egg"].changed
+    torch.testing.assert_close(out(*inputs), gm(*inputs))
+
+
 def test_optimize_leaves_its_work_to_reference_counting(split_model):
     """The serialized e-graphs and raising's tables are freed when optimize is done with them,
     not left in reference cycles for the collector (paused during optimize, it would then
