@@ -27,6 +27,20 @@ class Graph:
     origins: dict[str, int] = field(default_factory=dict)   # term e-class -> FX node index
     root: str = ""
 
+    def __getstate__(self):
+        # Columns instead of one Node object each: the search worker sends its extraction as
+        # a Graph, and pickle takes lists of strings several times faster.
+        ns = self.nodes.values()
+        return (list(self.nodes), [n.op for n in ns], [n.children for n in ns], [n.eclass for n in ns],
+                self.classes, self.values, self.origins, self.root)
+
+    def __setstate__(self, state) -> None:
+        if isinstance(state, dict):  # pickled field by field
+            self.__dict__.update(state)
+            return
+        keys, ops, children, eclasses, self.classes, self.values, self.origins, self.root = state
+        self.nodes = dict(zip(keys, map(Node, ops, children, eclasses)))
+
     def fanout(self) -> dict[str, int]:
         """Pieces class -> number of distinct items taken from it."""
         counts: dict[str, set] = {}

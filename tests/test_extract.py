@@ -5,7 +5,7 @@ import pytest
 import torch.fx as fx
 from egglog import EGraph, Vec, union
 
-from optimus_egg.extract.graph import serialize
+from optimus_egg.extract.graph import Graph, serialize
 from optimus_egg.extract.greedy import greedy, term_children
 from optimus_egg.extract.ilp import ilp
 from optimus_egg.extract.launch_cost import launch_cost
@@ -118,6 +118,19 @@ def test_greedy_shares_a_batched_kernel(saturated):
     g, cost = saturated["parallel_mlp"]
     ops = [g.nodes[k].op for k in greedy(g, cost).choice.values()]
     assert ops.count("batched_linear") == 1 and ops.count("linear") == 1  # the 8 branches; the head
+
+
+def test_a_graph_pickles_to_the_same_graph(saturated):
+    """The search worker sends its Graph pickled (by columns): nothing may change on the way."""
+    import pickle
+
+    g, cost = saturated["dcn_v2"]
+    back = pickle.loads(pickle.dumps(g))
+    assert back == g and list(back.nodes) == list(g.nodes) and list(back.classes) == list(g.classes)
+    assert greedy(back, cost) == greedy(g, cost)
+    old = Graph.__new__(Graph)  # a Graph pickled field by field (before columns) still loads
+    old.__setstate__(dict(g.__dict__))
+    assert old == g
 
 
 @pytest.mark.parametrize("name", ["parallel_mlp", pytest.param("masknet", marks=pytest.mark.slow)])

@@ -696,8 +696,18 @@ def shape_values(gm: fx.GraphModule, inputs: list, mutates: bool):
     the same values streamed from a forked child (`_Streamed`) as it runs the graph."""
     if (mutates or len(gm.graph.nodes) < STREAM_MIN_NODES or not worker.available()
             or any(_meta_value(n) is not None for n in gm.graph.nodes)):
-        return propagate_shapes(gm, inputs, mutates=mutates)
+        return _Local(propagate_shapes(gm, inputs, mutates=mutates))
     return _Streamed(gm, inputs)
+
+
+class _Local(dict):
+    """propagate_shapes' values, with _Streamed's `finish` and `stop`: nothing to wait for."""
+
+    def finish(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 class _Streamed:
@@ -1482,12 +1492,10 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
     except ValueError:
         raise
     except Exception:
-        if isinstance(values, _Streamed):
-            values.finish()  # a misfit of the inputs is the error to report
+        values.finish()  # a misfit of the inputs is the error to report
         raise
     finally:
-        if isinstance(values, _Streamed):
-            values.stop()
+        values.stop()
     return lowered
 
 
@@ -1521,8 +1529,7 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
     if prev_effect is not None:
         outs.append(prev_effect)  # keeps the last effect (and its chain) alive
     root = _app("outputs", _vec(outs))
-    if isinstance(values, _Streamed):
-        values.finish()  # every node ran: the inputs fit the graph
+    values.finish()  # every node ran: the inputs fit the graph
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}

@@ -217,21 +217,20 @@ class _Before:
 
     def __init__(self, gm: fx.GraphModule, lowered: Lowered, report: Report):
         self.gm, self.lowered, self.report = gm, lowered, report
-        self.extract_s: float | None = None
+        self.measured = False
         self.serialize_s = 0.0  # of the seed graph, which predicts the search's extraction time
 
         self.launches_before: int | None = None
 
-    def measure(self) -> float:
-        """Fill the report's cost_before (and cost_after); returns the extraction's seconds."""
-        if self.extract_s is None:
+    def measure(self) -> None:
+        """Fill the report's cost_before (and cost_after) and its extraction time (once)."""
+        if not self.measured:
             t = time.perf_counter()
             g0 = serialize(self.lowered.egraph)
             self.serialize_s = time.perf_counter() - t
             self.report.cost_before = self.report.cost_after = greedy(g0, node_cost(self.lowered, g0)).cost
-            self.extract_s = time.perf_counter() - t
-            self.report.timings["extract"] = self.extract_s
-        return self.extract_s
+            self.report.timings["extract"] = time.perf_counter() - t
+            self.measured = True
 
     def launches(self) -> int:
         """The input graph's whole-graph launch estimate (extract/fusion_cost.py)."""
