@@ -119,11 +119,15 @@ def _serialize_frozen(egraph: EGraph) -> Graph:
     origins: dict[str, int] = {}
     root = ""
     for op, f in functions.items():
-        if f.is_let_binding or not f.rows:
+        # `rows` builds a list of row objects on each access: read only the tables used, once
+        if op not in TERM_OPS and op != "node" or f.is_let_binding:
+            continue
+        rows = f.rows
+        if not rows:
             continue
         if op == "node" and f.input_sorts == ["i64"]:
             out_sort = f.output_sort
-            for r in f.rows:
+            for r in rows:
                 origins.setdefault(cls_of(out_sort, r.output), eg.value_to_i64(r.inputs[0]))
             continue
         if op not in TERM_OPS:
@@ -131,7 +135,7 @@ def _serialize_frozen(egraph: EGraph) -> Graph:
         sorts, out_sort = f.input_sorts, f.output_sort
         tables = [table_of(s) for s in sorts]
         out_table = table_of(out_sort)
-        for i, r in enumerate(f.rows):
+        for i, r in enumerate(rows):
             k = f"function-{i}-{op}"
             # a table hit is a dict lookup; a first sight of a value goes through cls_of
             eclass = out_table.get(r.output) or cls_of(out_sort, r.output)

@@ -120,6 +120,37 @@ def test_greedy_shares_a_batched_kernel(saturated):
     assert ops.count("batched_linear") == 1 and ops.count("linear") == 1  # the 8 branches; the head
 
 
+def test_serialize_reads_the_graph_egglogs_json_gives():
+    """The table reader (`serialize`) and egglog's JSON serialization agree on a saturated
+    e-graph: the same nodes under the same names, the same classes, values and origins, up
+    to the spelling of class ids."""
+    from optimus_egg.extract.graph import serialize_json
+
+    m, inputs = build("dcn_v2")
+    lw = from_fx(fx.symbolic_trace(m.eval()), list(inputs))
+    saturate(lw.egraph, RULESETS, Limits(), time.perf_counter() + 30)
+    a, b = serialize(lw.egraph), serialize_json(lw.egraph)
+    assert list(a.nodes) == list(b.nodes) and len(a.classes) == len(b.classes)
+    ren: dict[str, str] = {}  # a's term class -> b's
+
+    def same(x: str, y: str) -> bool:
+        if x in a.classes:
+            return y in b.classes and ren.setdefault(x, y) == y
+        va, vb = a.values[x], b.values[y]
+        if isinstance(va, list):
+            return isinstance(vb, list) and len(va) == len(vb) and all(map(same, va, vb))
+        return va == vb and type(va) is type(vb)
+
+    for k, na in a.nodes.items():
+        nb = b.nodes[k]
+        assert na.op == nb.op and same(na.eclass, nb.eclass), k
+        assert len(na.children) == len(nb.children) and all(map(same, na.children, nb.children)), k
+    assert len(set(ren.values())) == len(ren) == len(a.classes)
+    assert {ren[c]: ks for c, ks in a.classes.items()} == b.classes
+    assert ren[a.root] == b.root and {ren[c]: o for c, o in a.origins.items()} == b.origins
+    assert any(n.op == "batched_linear" for n in a.nodes.values())  # the rules added to it
+
+
 def test_a_graph_pickles_to_the_same_graph(saturated):
     """The search worker sends its Graph pickled (by columns): nothing may change on the way."""
     import pickle
