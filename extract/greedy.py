@@ -132,22 +132,15 @@ def _select(root: int, members: list[list[int]], kid_ids: list[list[int]], rank:
     finally:
         sys.setrecursionlimit(limit)
         visit = None  # a recursive closure is a reference cycle that would keep its lists alive
-    # the part of `choice` the root actually uses (failed attempts leave extra entries), in
-    # `reachable`'s order
-    keep: dict[int, int] = {}
+    return reachable(root, kid_ids, choice)
+
+
+def reachable(root, kids, choice: dict) -> dict:
+    """The part of `choice` (class -> node) the root actually uses (failed DFS attempts leave
+    extra entries); `kids[node]` lists a node's term children. Works on string keys and on
+    integer ids alike."""
+    keep: dict = {}
     todo = [root]
-    while todo:
-        c = todo.pop()
-        if c not in keep:
-            keep[c] = choice[c]
-            todo.extend(kid_ids[choice[c]])
-    return keep
-
-
-def reachable(g: Graph, kids: dict[str, list[str]], choice: dict[str, str]) -> dict[str, str]:
-    """The part of `choice` the root actually uses (failed DFS attempts leave extra entries)."""
-    keep: dict[str, str] = {}
-    todo = [g.root]
     while todo:
         c = todo.pop()
         if c not in keep:

@@ -86,6 +86,6 @@ def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0
         picked = [k for k in ks if sol[col[k]] > 0.5]
         if picked:
             choice[c] = min(picked, key=lambda k: own[k])
-    choice = reachable(g, kids, choice)
+    choice = reachable(g.root, kids, choice)
     return IlpResult(Extraction(choice, sum(own[k] for k in choice.values())), optimal,
                      time.perf_counter() - start)
