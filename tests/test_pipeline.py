@@ -334,9 +334,14 @@ def test_meanwhile_runs_once_beside_the_streaming_child(split_model, monkeypatch
         seen.append("lower")
         return lower(*a)
 
-    def meanwhile():  # the streaming child is running: this process has a child
+    def children() -> set[str]:
         with open(f"/proc/self/task/{os.getpid()}/children") as f:
-            seen.append(("meanwhile", bool(f.read().split())))
+            return set(f.read().split())
+
+    before = children()  # earlier tests' workers may not be reaped yet
+
+    def meanwhile():  # the streaming child is running: this process has a new child
+        seen.append(("meanwhile", bool(children() - before)))
 
     monkeypatch.setattr(lowering, "_lower", lowered_after)
     monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
