@@ -38,7 +38,8 @@ from optimus_egg.bench import GREEDY_RULES, default_models, device_of, read_resu
 from optimus_egg.extract.graph import serialize
 from optimus_egg.extract.greedy import greedy
 from optimus_egg.extract.ilp import ilp
-from optimus_egg.from_fx import check_inputs, from_fx
+from optimus_egg.from_fx import from_fx
+from optimus_egg.shapes import check_inputs
 from optimus_egg.models import build
 from optimus_egg.pipeline import node_cost
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER

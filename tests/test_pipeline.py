@@ -239,7 +239,7 @@ def test_dead_node_joins_no_batch():
             torch.testing.assert_close(got[k], p.grad)
 
 
-# ---- shapes streamed from a forked child (from_fx.shape_values) --------------------------
+# ---- shapes streamed from a forked child (shapes.shape_values) ---------------------------
 
 @pytest.fixture(scope="module")
 def split_model():
@@ -252,18 +252,19 @@ def _lower_both(gm, inputs, monkeypatch):
     from optimus_egg.extract.graph import serialize
 
     import optimus_egg.from_fx as lowering
+    from optimus_egg import shapes
 
-    kinds, shape_values = [], lowering.shape_values
+    kinds, shape_values = [], shapes.shape_values
 
     def recorded(*a):
         values = shape_values(*a)
         kinds.append(type(values).__name__)
         return values
 
-    monkeypatch.setattr(lowering, "shape_values", recorded)
-    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 10**9)
+    monkeypatch.setattr(shapes, "shape_values", recorded)
+    monkeypatch.setattr(shapes, "STREAM_MIN_NODES", 10**9)
     local = lowering.from_fx(gm, inputs)
-    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    monkeypatch.setattr(shapes, "STREAM_MIN_NODES", 0)
     remote = lowering.from_fx(gm, inputs)
     assert kinds == ["_Local", "_Streamed"]
     a, b = serialize(local.egraph), serialize(remote.egraph)
@@ -280,10 +281,10 @@ def test_streamed_shapes_lower_like_in_process(split_model, monkeypatch):
 
 
 def test_streamed_shapes_optimize_to_the_same_values(split_model, monkeypatch):
-    import optimus_egg.from_fx as lowering
+    from optimus_egg import shapes
 
     gm, inputs = split_model
-    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    monkeypatch.setattr(shapes, "STREAM_MIN_NODES", 0)
     out = optimus_egg.optimize(gm, inputs, budget_s=2.0, strict=True)
     assert out.meta["optimus_egg"].changed
     torch.testing.assert_close(out(*inputs), gm(*inputs))
@@ -291,9 +292,10 @@ def test_streamed_shapes_optimize_to_the_same_values(split_model, monkeypatch):
 
 def test_streamed_shapes_report_a_misfit_as_a_value_error(mlp, monkeypatch):
     import optimus_egg.from_fx as lowering
+    from optimus_egg import shapes
 
     gm, _ = mlp
-    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    monkeypatch.setattr(shapes, "STREAM_MIN_NODES", 0)
     with pytest.raises(ValueError, match="do not fit"):
         lowering.from_fx(gm, [torch.randn(3, 7)])
     # the parent fails before it reads the value that failed in the child: the misfit is reported
@@ -306,26 +308,27 @@ def test_streamed_shapes_fall_back_when_the_child_dies(split_model, monkeypatch)
     import os
 
     import optimus_egg.from_fx as lowering
+    from optimus_egg import shapes
 
     gm, inputs = split_model
-    parent, run = os.getpid(), lowering._run
+    parent, run = os.getpid(), shapes._run
 
     def dies_in_the_child(*a):
         if os.getpid() != parent:
             os._exit(5)
         return run(*a)
 
-    monkeypatch.setattr(lowering, "_run", dies_in_the_child)
-    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 10**9)
+    monkeypatch.setattr(shapes, "_run", dies_in_the_child)
+    monkeypatch.setattr(shapes, "STREAM_MIN_NODES", 10**9)
     local = lowering.from_fx(gm, inputs)
-    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    monkeypatch.setattr(shapes, "STREAM_MIN_NODES", 0)
     remote = lowering.from_fx(gm, inputs)
     assert remote.shapes == local.shapes and remote.groups == local.groups
 
 
 def test_meanwhile_runs_once_beside_the_streaming_child(split_model, monkeypatch):
     import optimus_egg.from_fx as lowering
-    from optimus_egg import pipeline
+    from optimus_egg import pipeline, shapes
 
     gm, inputs = split_model
     seen, lower = [], lowering._lower
@@ -344,7 +347,7 @@ def test_meanwhile_runs_once_beside_the_streaming_child(split_model, monkeypatch
         seen.append(("meanwhile", bool(children() - before)))
 
     monkeypatch.setattr(lowering, "_lower", lowered_after)
-    monkeypatch.setattr(lowering, "STREAM_MIN_NODES", 0)
+    monkeypatch.setattr(shapes, "STREAM_MIN_NODES", 0)
     lowering.from_fx(gm, inputs, meanwhile=meanwhile)
     assert seen == [("meanwhile", True), "lower"]
     # optimize warms its rules there: the search finds them translated
@@ -367,10 +370,11 @@ def test_seeding_without_a_temporary_folder(split_model, monkeypatch):
     from optimus_egg.extract.graph import serialize
 
     import optimus_egg.from_fx as lowering
+    from optimus_egg import seed
 
     gm, inputs = split_model
     with_files = lowering.from_fx(gm, inputs)
-    monkeypatch.setattr(lowering, "_write_seed_program", lambda *a: None)
+    monkeypatch.setattr(seed, "_write_seed_program", lambda *a: None)
     _same_egraph(serialize(with_files.egraph), serialize(lowering.from_fx(gm, inputs).egraph))
     out = optimus_egg.optimize(gm, inputs, budget_s=1.0, strict=True)
     assert out.meta["optimus_egg"].changed

@@ -1,9 +1,10 @@
 """Lowering: FX GraphModule -> egglog e-graph.
 
-Owns reading `node.meta`, normalizing every spelling of an op (module / function / method /
-ATen, positional / keyword, negative dims, int / list split sizes) into one constructor, and
-seeding the facts rules guard on: static shapes, which templates are elementwise, and the
-candidate groups of the horizontal (batch_*) rules.
+Owns normalizing every spelling of an op (module / function / method / ATen, positional /
+keyword, negative dims, int / list split sizes) into one constructor, and writing the facts
+rules guard on: static shapes, which templates are elementwise, and the candidate groups of
+the horizontal (batch_*) rules. Example values come from `shapes`; the facts, written as
+egglog text, go into the e-graph through `seed.register_text`.
 
 Independence of a group is guaranteed here: members share a longest-path depth from the
 graph inputs, and a path between two nodes would make their depths differ.
@@ -16,19 +17,11 @@ are Unsupported.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import inspect
 import itertools
 import math
 import operator
-import os
-import pickle
-import re
-import shutil
-import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,10 +30,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
-from egglog import EGraph, bindings
+from egglog import EGraph
 
-from optimus_egg import sorts, worker
+from optimus_egg import shapes
 from optimus_egg.extract.launch_cost import table_for
+from optimus_egg.seed import quote, register_text
+from optimus_egg.shapes import _static_int, _static_shape, check_inputs
 
 aten = torch.ops.aten
 
@@ -64,285 +59,7 @@ def _f64(x: float) -> str:
     return repr(float(x))
 
 
-def _str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 NONE = "(none)"
-_SEED_CHUNK = 50  # actions per seeding rule: egglog's type checker is superlinear in a rule's
-# size, and each top-level action costs a pass over the e-graph, so actions go in small rules.
-
-
-def register_text(egraph: EGraph, actions: list[str], lets: dict[str, str] | None = None,
-                  uses: dict[int, tuple[str, ...]] | None = None) -> None:
-    """Run egglog actions (text) in one pass; much faster than building Python exprs.
-
-    Most actions share a few shapes (`(union (node 7) (linear (node 6) (input "w") (input
-    "b")))`: the same text up to its int, float and string literals). Each shape that occurs
-    at least _TABLE_MIN times becomes a relation whose rows are those literals, read by
-    egglog's `input` command from a tab-separated file, and one rule that performs the action
-    for each row (and deletes the row). egglog compiles that rule once instead of type-checking
-    every action (measured on the 10,000-node bench graph: egglog takes 0.2 s instead of 2.1 s).
-
-    The other actions go in seeding rules of _SEED_CHUNK actions each. `lets` names terms
-    that actions refer to by a variable (a split's Pieces, which each of its items would
-    otherwise repeat with its whole size list); `uses[i]` lists the variables action i reads.
-    Each seeding rule binds the variables its actions read once, with a rule-local `let`, so
-    the term is built once per rule, not once per item.
-
-    The program goes to egglog as a file (`include`): egglog parses it natively, and its
-    source spans share one copy of the text. (Parsing through `parse_program` hands every
-    sub-term's span to Python with the whole text, which egglog then keeps with each rule:
-    quadratic memory, ~1.8 GB for a 10,000-node graph.) If no temporary file can be written,
-    the text is turned into egglog's command objects here (`_seed_actions`), or, for actions
-    outside that simple grammar, parsed in chunks.
-    """
-    lets, uses = lets or {}, uses or {}
-    for fn in sorts.DECLARED:
-        egraph._callable_to_egg(fn)
-    run = egraph._egraph.run_program
-    parse = egraph._egraph.parse_program
-    run(*parse("(ruleset optimus_egg_seed)"))
-    folder = _write_seed_program(actions, lets, uses)
-    if folder is not None:
-        try:
-            run(bindings.Include(_SPAN, os.path.join(folder, _PROGRAM)))
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-    else:
-        actions = _inline_lets(actions, lets, uses)
-        with no_gc():  # ~10^5 short-lived objects; collections would rescan the whole heap
-            built = _seed_actions(actions)
-            if built is None:
-                for k in range(0, len(actions), 10):
-                    run(*parse(f"(rule () ({' '.join(actions[k:k + 10])}) :ruleset optimus_egg_seed)"))
-            else:
-                for k in range(0, len(built), _SEED_CHUNK):
-                    run(bindings.RuleCommand(bindings.Rule(_SPAN, built[k:k + _SEED_CHUNK], [], "", "optimus_egg_seed")))
-                del built
-    run(*parse("(run optimus_egg_seed 1)"))
-
-
-_TABLE_MIN = 8  # actions of one shape that make a table (fewer go in seeding rules)
-_PROGRAM = "seed.egg"
-# Literals. Numbers follow a blank (never a term's head) and end at a blank or paren; a
-# float always has a '.' or an exponent (repr). re.split with this pattern (one capture group)
-# alternates an action's text and its literals; a string is matched whole first, so digits
-# inside it are never numbers. A string is safe for a table if egglog's `input` reads it back
-# exactly: not empty, not blank-padded, no tab, newline, NUL or escape.
-_LITERALS = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*"'
-                       r'|(?<= )-?[0-9]+(?:\.[0-9]+(?:e[-+]?[0-9]+)?|e[-+]?[0-9]+)?(?=[ )]))')
-_UNSAFE_STRING = re.compile(r'\A""\Z|\A"\s|\s"\Z|[\\\t\n\r\0]')
-_COLUMN = {"i": "i64", "f": "f64", "s": "String"}
-
-
-def _tabulate(actions: list[str], uses: dict[int, tuple[str, ...]]):
-    """Group actions by shape: returns ({shape: rows}, indices of the actions left as text).
-
-    A shape is the action's text with each literal replaced by a NUL and its type letter (s,
-    f, i); a row is the literals' text, tab-separated, strings without their quotes. Actions
-    that read a let variable, or hold a string that is not safe for a table, stay text.
-    """
-    shapes: dict[str, tuple[list[int], list[str]]] = {}
-    rest = []
-    split, unsafe = _LITERALS.split, _UNSAFE_STRING.search
-    for i, a in enumerate(actions):
-        if i in uses:
-            rest.append(i)
-            continue
-        parts = split(a)
-        shape = parts[0]
-        for k in range(1, len(parts), 2):
-            lit = parts[k]
-            if lit[0] == '"':
-                if unsafe(lit):
-                    break
-                shape += "\0s" + parts[k + 1]
-            elif "." in lit or "e" in lit:
-                shape += "\0f" + parts[k + 1]
-            else:
-                shape += "\0i" + parts[k + 1]
-        else:
-            entry = shapes.get(shape)
-            if entry is None:
-                entry = shapes[shape] = ([], [])
-            entry[0].append(i)
-            entry[1].append("\t".join(parts[1::2]).replace('"', ""))
-            continue
-        rest.append(i)
-    tables = {}
-    for shape, (indices, rows) in shapes.items():
-        if len(rows) >= _TABLE_MIN and "\0" in shape:
-            tables[shape] = rows
-        else:
-            rest.extend(indices)
-    rest.sort()
-    return tables, rest
-
-
-def _table_program(k: int, shape: str, path: str) -> str:
-    """The relation, rule and input command that perform `shape`'s action for each row."""
-    types = [_COLUMN[t] for t in re.findall(r"\0(.)", shape)]
-    cols = [f"c{j}" for j in range(len(types))]
-    it = iter(cols)
-    action = re.sub(r"\0.", lambda m: next(it), shape)
-    rel = f"optimus_egg_rows_{k}"
-    atom = f"({rel} {' '.join(cols)})"
-    return (f"(relation {rel} ({' '.join(types)}))\n"
-            f"(rule ({atom}) ({action} (delete {atom})) :ruleset optimus_egg_seed :name \"{rel}\")\n"
-            f"(input {rel} {_str(path)})\n")
-
-
-def _seed_rules(actions: list[str], lets: dict[str, str], uses: dict[int, tuple[str, ...]],
-                indices=None):
-    """The seeding rules' text: _SEED_CHUNK actions each, with the lets their actions read."""
-    indices = range(len(actions)) if indices is None else indices
-    for k in range(0, len(indices), _SEED_CHUNK):
-        body, bound = [], set()
-        for i in indices[k:k + _SEED_CHUNK]:
-            for v in uses.get(i, ()):
-                if v not in bound:
-                    bound.add(v)
-                    body.append(f"(let {v} {lets[v]})")
-            body.append(actions[i])
-        yield f"(rule () ({' '.join(body)}) :ruleset optimus_egg_seed :name \"optimus_egg_seed_{k}\")\n"
-
-
-def _write_seed_program(actions, lets, uses) -> str | None:
-    """A temporary folder holding the seeding program (_PROGRAM) and its tables, or None if
-    none can be written."""
-    try:
-        folder = tempfile.mkdtemp(prefix="optimus_egg_seed_")
-    except OSError:
-        return None
-    try:
-        tables, rest = _tabulate(actions, uses)
-        with open(os.path.join(folder, _PROGRAM), "w", encoding="utf-8") as f:
-            for k, (shape, rows) in enumerate(tables.items()):
-                path = os.path.join(folder, f"rows_{k}.tsv")
-                with open(path, "w", encoding="utf-8") as t:
-                    t.writelines(r + "\n" for r in rows)
-                f.write(_table_program(k, shape, path))
-            f.writelines(_seed_rules(actions, lets, uses, rest))
-    except OSError:
-        shutil.rmtree(folder, ignore_errors=True)
-        return None
-    return folder
-
-
-def _inline_lets(actions: list[str], lets: dict[str, str], uses: dict[int, tuple[str, ...]]) -> list[str]:
-    """`actions` with each let variable replaced by its term (outside string literals)."""
-    if not uses:
-        return actions
-    out = list(actions)
-    for i, names in uses.items():
-        pattern = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![^\s()])(' + "|".join(map(re.escape, names)) + r')(?![^\s()])')
-        out[i] = pattern.sub(lambda m: lets[m.group(1)] if m.group(1) else m.group(0), out[i])
-    return out
-
-
-@contextlib.contextmanager
-def no_gc():
-    """Pause the cyclic garbage collector (bulk construction of acyclic data)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-_SPAN = bindings.PanicSpan()
-# A flat term `(f a b ...)` of atoms (strings without blanks or parens), an open or close
-# paren, or an atom.
-_TOKEN = re.compile(r'(\([^\s()"]+(?: (?:[^\s()"]+|"(?:[^"\\\s()]|\\.)*"))*\))|(\()|(\))|("(?:[^"\\]|\\.)*"|[^\s()"]+)')
-_INT = re.compile(r"-?[0-9]+\Z")
-_FLOAT = re.compile(r"-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?\Z")
-_UNESCAPE = re.compile(r"\\(.)")
-_ACTION_WORDS = {"let", "delete", "subsume", "panic", "extract", "change", "set", "union"}
-
-
-def _atom(t: str):
-    if t[0] == '"':
-        if len(t) < 2 or t[-1] != '"':
-            return None
-        return bindings.Lit(_SPAN, bindings.String(_UNESCAPE.sub(r"\1", t[1:-1])))
-    if _INT.match(t):
-        return bindings.Lit(_SPAN, bindings.Int(int(t)))
-    if _FLOAT.match(t):
-        return bindings.Lit(_SPAN, bindings.Float(float(t)))
-    return None  # a global or a keyword: left to egglog's parser
-
-
-def _seed_actions(actions: list[str]) -> list | None:
-    """egglog action objects for `(union a b)`, `(set (f ..) v)` and `(f ..)` actions over
-    calls and int / float / string literals; None if any action is outside that grammar.
-    Repeated flat terms and atoms (`(node 7)`, a split's size Vec) are built once and shared."""
-    terms: dict[str, Any] = {}
-    atoms: dict[str, Any] = {}
-    Call, SPAN = bindings.Call, _SPAN
-    out = []
-
-    def atom(t):
-        a = atoms.get(t)
-        if a is None:
-            a = atoms[t] = _atom(t)
-            if a is None:
-                raise Unsupported(t)
-        return a
-
-    def flat_term(text):
-        c = terms.get(text)
-        if c is None:
-            head, *args = text[1:-1].split()
-            if head in _ACTION_WORDS:
-                raise Unsupported(text)
-            c = terms[text] = Call(SPAN, head, [atom(a) for a in args])
-        return c
-
-    def action(head, args):
-        if head == "union" and len(args) == 2:
-            return bindings.Union(SPAN, args[0], args[1])
-        if head == "set" and len(args) == 2 and isinstance(args[0], bindings.Call):
-            return bindings.Set(SPAN, args[0].name, args[0].args, args[1])
-        if head in _ACTION_WORDS:
-            raise Unsupported(head)
-        return bindings.Expr_(SPAN, Call(SPAN, head, args))
-
-    try:
-        for text in actions:
-            stack: list[list] = []
-            for flat, opening, closing, tok in _TOKEN.findall(text):
-                if flat:
-                    if not stack:
-                        c = flat_term(flat)
-                        out.append(action(c.name, c.args))
-                    else:
-                        stack[-1][1].append(flat_term(flat))
-                elif opening:
-                    stack.append([None, []])
-                elif closing:
-                    head, args = stack.pop()
-                    if head is None:
-                        raise Unsupported(text)
-                    if stack:
-                        if head in _ACTION_WORDS:
-                            raise Unsupported(head)
-                        stack[-1][1].append(Call(SPAN, head, args))
-                    else:
-                        out.append(action(head, args))
-                elif not stack:
-                    raise Unsupported(text)  # a bare atom at top level
-                elif stack[-1][0] is None:
-                    stack[-1][0] = tok
-                else:
-                    stack[-1][1].append(atom(tok))
-            if stack:
-                raise Unsupported(text)
-    except (Unsupported, ValueError, IndexError):
-        return None
-    return out
 
 
 @dataclass(frozen=True)
@@ -574,297 +291,6 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     return [n for n in graph.nodes if (n in touched and n.op not in ("placeholder", "get_attr")) or n in impure]
 
 
-# ---- shapes --------------------------------------------------------------------------
-
-def _meta_value(node: fx.Node):
-    for key in ("val", "example_value"):
-        if key in node.meta:
-            return node.meta[key]
-    tm = node.meta.get("tensor_meta")
-    return tm
-
-
-def _static_int(v) -> bool:
-    """None or a plain int (not a bool, nor a value computed in the graph)."""
-    return v is None or type(v) is int
-
-
-def _static_shape(v) -> tuple[int, ...] | None:
-    s = getattr(v, "shape", None)
-    if s is None:
-        return None
-    try:
-        return tuple(int(d) for d in s) if all(isinstance(d, int) for d in s) else None
-    except TypeError:
-        return None
-
-
-def check_inputs(gm: fx.GraphModule, example_inputs) -> list:
-    """Validate example inputs against the placeholders (count, and shapes where known)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    inputs = list(example_inputs)
-    if len(inputs) != len(placeholders):
-        raise ValueError(
-            f"example_inputs has {len(inputs)} values but the graph has {len(placeholders)} "
-            f"placeholders ({', '.join(p.name for p in placeholders)}); pass one value per placeholder")
-    for p, x in zip(placeholders, inputs):
-        want = _static_shape(_meta_value(p))
-        if want is not None and isinstance(x, torch.Tensor) and tuple(x.shape) != want:
-            raise ValueError(f"example input for placeholder '{p.name}' has shape {tuple(x.shape)}, "
-                             f"but the graph was captured with {want}")
-    return inputs
-
-
-@dataclass(frozen=True)
-class Meta:
-    """What lowering needs of a value: its static shape, dtype and device."""
-    shape: tuple
-    dtype: torch.dtype
-    device: torch.device
-
-
-def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool | None = None) -> dict[fx.Node, Any]:
-    """node -> example value (or its Meta) for every node, from meta or by propagation.
-
-    Graphs without mutation run for real under no_grad (fast, and no first-use cost of fake
-    tensors); graphs with in-place ops propagate fake tensors so example inputs are untouched.
-    `mutates`: whether the graph has in-place ops, if already known.
-    """
-    vals = {n: _meta_value(n) for n in gm.graph.nodes}
-    if all(v is not None for n, v in vals.items() if n.op != "output"):
-        return vals
-    env: dict[fx.Node, Any] = {}
-
-    def keep(n, r):
-        env[n] = _summary(r)
-        return r
-
-    try:
-        if mutates if mutates is not None else any(_is_mutation(n) for n in gm.graph.nodes):
-            from torch._subclasses.fake_tensor import FakeTensorMode
-            from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-            mode = FakeTensorMode(allow_non_fake_inputs=True)
-            fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-            class _Fake(FakeTensorProp):
-                def run_node(self, n):
-                    return keep(n, super().run_node(n))
-
-            # no_grad as in the real run: with parameters requiring grad, autograd rejects an
-            # in-place write into a split piece, which inference (under no_grad) does run.
-            with mode, torch.no_grad():
-                _Fake(gm, mode).propagate_dont_convert_inputs(*fakes)
-        else:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # tiny ops: a contended thread pool made this 100x slower
-            try:
-                with torch.no_grad():
-                    _run(gm, inputs, keep)
-            finally:
-                torch.set_num_threads(threads)
-    except Exception as e:  # a shape mismatch surfaces here for untyped graphs
-        raise ValueError(_MISFIT + f"{type(e).__name__}: {e}") from e
-    return {n: (vals[n] if vals[n] is not None else env.get(n)) for n in gm.graph.nodes}
-
-
-_MISFIT = "example inputs do not fit the graph: "
-
-
-def _summary(r):
-    """What lowering keeps of a value: a tensor's Meta, a tuple of the items' summaries
-    (lowering reads a tuple's length), or the value itself."""
-    if isinstance(r, torch.Tensor):
-        return Meta(tuple(r.shape), r.dtype, r.device)
-    if isinstance(r, (tuple, list)) and not isinstance(r, torch.Size):
-        return tuple(_summary(x) for x in r)
-    return r
-
-
-# Fewest FX nodes for which shapes are propagated in a forked child while the parent lowers
-# the nodes already propagated (`shape_values`) and runs from_fx's `meanwhile` (optimize's rule
-# warm-up, ~0.05 s). The fork costs 10-30 ms with torch loaded. On the 10,000-node bench graph
-# running the graph takes 0.4-0.7 s and lowering about as long: overlapped, from_fx took 1.75 s
-# instead of 2.15 s (means of 5 interleaved runs); on the 1,000-node one, optimize at b = 0.1
-# took 0.475 s instead of 0.525 s (medians of 8 interleaved runs).
-STREAM_MIN_NODES = 500
-_STREAM_BATCH = 256  # values per message from the child
-
-
-def shape_values(gm: fx.GraphModule, inputs: list, mutates: bool):
-    """propagate_shapes(gm, inputs), or on big graphs without in-place ops or meta values,
-    the same values streamed from a forked child (`_Streamed`) as it runs the graph."""
-    if (mutates or len(gm.graph.nodes) < STREAM_MIN_NODES or not worker.available()
-            or any(_meta_value(n) is not None for n in gm.graph.nodes)):
-        return _Local(propagate_shapes(gm, inputs, mutates=mutates))
-    return _Streamed(gm, inputs)
-
-
-class _Local(dict):
-    """propagate_shapes' values, with _Streamed's `finish` and `stop`: nothing to wait for."""
-
-    def finish(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-class _Streamed:
-    """node -> value summary, as propagate_shapes gives it, filled while a forked child runs
-    the graph (one torch thread, no_grad) and sends the summaries of each batch of nodes.
-    `get` waits for the node's batch; `finish` waits for the end of the run and raises the
-    ValueError propagate_shapes would on inputs that do not fit. If the child dies, the values
-    are propagated here instead."""
-
-    def __init__(self, gm: fx.GraphModule, inputs: list):
-        self.gm, self.inputs = gm, inputs
-        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        self.got: list = []
-        self.done = False
-        self.local: dict | None = None
-        self.child = worker.Worker(self._run_in_child)
-
-    def _run_in_child(self, send) -> None:
-        torch.set_num_threads(1)
-        batch: list = []
-
-        def keep(n, r):
-            batch.append(_summary(r))
-            if len(batch) >= _STREAM_BATCH:
-                _send_values(send, batch)
-                batch.clear()
-            return r
-
-        try:
-            with torch.no_grad():
-                _run(self.gm, self.inputs, keep)
-        except Exception as e:  # noqa: BLE001 - the parent raises it as a misfit
-            _send_values(send, batch)
-            send(("misfit", f"{type(e).__name__}: {e}"))
-            return
-        _send_values(send, batch)
-        send(("done", None))
-
-    def _next(self) -> None:
-        try:
-            kind, payload = self.child.recv(until=time.perf_counter() + 1e6)
-        except worker.WorkerDied:
-            self.child.stop()
-            self.local = propagate_shapes(self.gm, self.inputs, mutates=False)
-            self.done = True
-            return
-        if kind == "values":
-            self.got.extend(payload)
-            return
-        self.done = True
-        self.child.stop()
-        if kind == "misfit":
-            raise ValueError(_MISFIT + payload)
-        if kind == "error":
-            raise payload
-
-    def get(self, n: fx.Node, default=None):
-        if self.local is not None:
-            return self.local.get(n, default)
-        i = self.order.get(n)
-        if i is None:
-            return default
-        while i >= len(self.got) and not self.done:
-            self._next()
-            if self.local is not None:
-                return self.local.get(n, default)
-        return self.got[i] if i < len(self.got) else default
-
-    def finish(self) -> None:
-        while not self.done:
-            self._next()
-
-    def stop(self) -> None:
-        if not self.done:
-            self.done = True
-            self.child.stop()
-
-
-def _send_values(send, batch: list) -> None:
-    """send(("values", batch)), with a value pickle cannot take replaced by None."""
-    try:
-        send(("values", batch))
-    except Exception:  # noqa: BLE001
-        send(("values", [v if _pickles(v) else None for v in batch]))
-
-
-def _pickles(v) -> bool:
-    try:
-        pickle.dumps(v)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def _run(gm: fx.GraphModule, inputs: list, keep) -> None:
-    """Run `gm` on `inputs` node by node, calling keep(node, value) for each: fx.Interpreter's
-    semantics for plain placeholders, without its per-node bookkeeping (half the time on
-    big graphs). A value is dropped after its last use."""
-    if any(n.op == "placeholder" and n.target.startswith("*") for n in gm.graph.nodes):
-        class _Keep(fx.Interpreter):  # varargs placeholders: the Interpreter's rules
-            def run_node(self, n):
-                return keep(n, super().run_node(n))
-
-        _Keep(gm).run(*inputs)
-        return
-    last: dict[fx.Node, list[fx.Node]] = defaultdict(list)  # node -> values last used there
-    seen: set[fx.Node] = set()
-    for n in reversed(gm.graph.nodes):
-        for a in n.all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                last[n].append(a)
-    env: dict[fx.Node, Any] = {}
-    load = env.__getitem__
-    attrs: dict[str, Any] = {}
-    feed = iter(inputs)
-    for n in gm.graph.nodes:
-        op = n.op
-        if op == "placeholder":
-            try:
-                v = next(feed)
-            except StopIteration:
-                if not n.args:
-                    raise RuntimeError(f"no input for placeholder {n.name}") from None
-                v = n.args[0]
-        elif op == "output":
-            return
-        elif op == "get_attr":
-            v = attrs.get(n.target)
-            if v is None:
-                v = attrs[n.target] = _fetch(gm, n.target)
-        else:
-            args, kwargs = fx.node.map_arg((n.args, n.kwargs), load)
-            if op == "call_function":
-                v = n.target(*args, **kwargs)
-            elif op == "call_method":
-                v = getattr(args[0], n.target)(*args[1:], **kwargs)
-            else:
-                mod = attrs.get(n.target)
-                if mod is None:
-                    mod = attrs[n.target] = _fetch(gm, n.target)
-                v = mod(*args, **kwargs)
-        env[n] = v
-        keep(n, v)
-        for a in last.get(n, ()):
-            env.pop(a, None)
-
-
-def _fetch(gm: fx.GraphModule, target: str):
-    obj = gm
-    for atom in target.split("."):
-        if not hasattr(obj, atom):
-            raise RuntimeError(f"node target {target!r} does not exist")
-        obj = getattr(obj, atom)
-    return obj
-
-
 def _depths(graph: fx.Graph) -> dict[fx.Node, int]:
     depth: dict[fx.Node, int] = {}
     for n in graph.nodes:
@@ -947,7 +373,7 @@ class _Lowerer:
             raise Unsupported(f"{n.name} ({_name(n.target)}) changes global state for the nodes after it")
         if n.op in ("placeholder", "get_attr"):
             self.leaves[n.name] = n
-            e = _app("input", _str(n.name))
+            e = _app("input", quote(n.name))
         elif n in self.effect_set:
             e = self.opaque(n, deps)
         else:
@@ -1157,7 +583,7 @@ class _Lowerer:
         if a is None:
             return NONE
         if isinstance(a, str):
-            return _app("input", _str(a))
+            return _app("input", quote(a))
         return self.operand(a)
 
     def make_linear(self, n, x, w, b):
@@ -1484,7 +910,7 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
     inputs = check_inputs(gm, example_inputs)
     modules = _submodules(gm)
     mutated = [n for n in gm.graph.nodes if _is_mutation(n, modules)]
-    values = shape_values(gm, inputs, bool(mutated))
+    values = shapes.shape_values(gm, inputs, bool(mutated))
     try:
         if meanwhile is not None:
             meanwhile()

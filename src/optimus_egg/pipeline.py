@@ -23,9 +23,10 @@ from optimus_egg.extract.fusion_cost import fused_launches
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import Extraction, greedy
 from optimus_egg.extract.launch_cost import launch_cost
-from optimus_egg.from_fx import Lowered, _name, check_inputs, from_fx
+from optimus_egg.from_fx import Lowered, _name, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
+from optimus_egg.shapes import check_inputs
 from optimus_egg.to_fx import graph_module, prepare, to_fx
 
 

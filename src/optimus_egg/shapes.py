@@ -1,0 +1,307 @@
+"""Example values for lowering: the inputs checked against the graph, and each node's
+static shape, dtype and device, from node meta or by running the graph.
+
+On big graphs without in-place ops the graph runs in a forked child that streams the values
+back while from_fx lowers the nodes already done (`shape_values`).
+"""
+from __future__ import annotations
+
+import pickle
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from optimus_egg import worker
+
+
+def _meta_value(node: fx.Node):
+    for key in ("val", "example_value"):
+        if key in node.meta:
+            return node.meta[key]
+    tm = node.meta.get("tensor_meta")
+    return tm
+
+
+def _static_int(v) -> bool:
+    """None or a plain int (not a bool, nor a value computed in the graph)."""
+    return v is None or type(v) is int
+
+
+def _static_shape(v) -> tuple[int, ...] | None:
+    s = getattr(v, "shape", None)
+    if s is None:
+        return None
+    try:
+        return tuple(int(d) for d in s) if all(isinstance(d, int) for d in s) else None
+    except TypeError:
+        return None
+
+
+def check_inputs(gm: fx.GraphModule, example_inputs) -> list:
+    """Validate example inputs against the placeholders (count, and shapes where known)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = list(example_inputs)
+    if len(inputs) != len(placeholders):
+        raise ValueError(
+            f"example_inputs has {len(inputs)} values but the graph has {len(placeholders)} "
+            f"placeholders ({', '.join(p.name for p in placeholders)}); pass one value per placeholder")
+    for p, x in zip(placeholders, inputs):
+        want = _static_shape(_meta_value(p))
+        if want is not None and isinstance(x, torch.Tensor) and tuple(x.shape) != want:
+            raise ValueError(f"example input for placeholder '{p.name}' has shape {tuple(x.shape)}, "
+                             f"but the graph was captured with {want}")
+    return inputs
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What lowering needs of a value: its static shape, dtype and device."""
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
+def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool) -> dict[fx.Node, Any]:
+    """node -> example value (or its Meta) for every node, from meta or by propagation.
+
+    Graphs without mutation run for real under no_grad (fast, and no first-use cost of fake
+    tensors); graphs with in-place ops propagate fake tensors so example inputs are untouched.
+    `mutates`: whether the graph has in-place ops (from_fx finds them).
+    """
+    vals = {n: _meta_value(n) for n in gm.graph.nodes}
+    if all(v is not None for n, v in vals.items() if n.op != "output"):
+        return vals
+    env: dict[fx.Node, Any] = {}
+
+    def keep(n, r):
+        env[n] = _summary(r)
+        return r
+
+    try:
+        if mutates:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+            class _Fake(FakeTensorProp):
+                def run_node(self, n):
+                    return keep(n, super().run_node(n))
+
+            # no_grad as in the real run: with parameters requiring grad, autograd rejects an
+            # in-place write into a split piece, which inference (under no_grad) does run.
+            with mode, torch.no_grad():
+                _Fake(gm, mode).propagate_dont_convert_inputs(*fakes)
+        else:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # tiny ops: a contended thread pool made this 100x slower
+            try:
+                with torch.no_grad():
+                    _run(gm, inputs, keep)
+            finally:
+                torch.set_num_threads(threads)
+    except Exception as e:  # a shape mismatch surfaces here for untyped graphs
+        raise ValueError(_MISFIT + f"{type(e).__name__}: {e}") from e
+    return {n: (vals[n] if vals[n] is not None else env.get(n)) for n in gm.graph.nodes}
+
+
+_MISFIT = "example inputs do not fit the graph: "
+
+
+def _summary(r):
+    """What lowering keeps of a value: a tensor's Meta, a tuple of the items' summaries
+    (lowering reads a tuple's length), or the value itself."""
+    if isinstance(r, torch.Tensor):
+        return Meta(tuple(r.shape), r.dtype, r.device)
+    if isinstance(r, (tuple, list)) and not isinstance(r, torch.Size):
+        return tuple(_summary(x) for x in r)
+    return r
+
+
+# Fewest FX nodes for which shapes are propagated in a forked child while the parent lowers
+# the nodes already propagated (`shape_values`) and runs from_fx's `meanwhile` (optimize's rule
+# warm-up, ~0.05 s). The fork costs 10-30 ms with torch loaded. On the 10,000-node bench graph
+# running the graph takes 0.4-0.7 s and lowering about as long: overlapped, from_fx took 1.75 s
+# instead of 2.15 s (means of 5 interleaved runs); on the 1,000-node one, optimize at b = 0.1
+# took 0.475 s instead of 0.525 s (medians of 8 interleaved runs).
+STREAM_MIN_NODES = 500
+_STREAM_BATCH = 256  # values per message from the child
+
+
+def shape_values(gm: fx.GraphModule, inputs: list, mutates: bool):
+    """propagate_shapes(gm, inputs), or on big graphs without in-place ops or meta values,
+    the same values streamed from a forked child (`_Streamed`) as it runs the graph."""
+    if (mutates or len(gm.graph.nodes) < STREAM_MIN_NODES or not worker.available()
+            or any(_meta_value(n) is not None for n in gm.graph.nodes)):
+        return _Local(propagate_shapes(gm, inputs, mutates=mutates))
+    return _Streamed(gm, inputs)
+
+
+class _Local(dict):
+    """propagate_shapes' values, with _Streamed's `finish` and `stop`: nothing to wait for."""
+
+    def finish(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class _Streamed:
+    """node -> value summary, as propagate_shapes gives it, filled while a forked child runs
+    the graph (one torch thread, no_grad) and sends the summaries of each batch of nodes.
+    `get` waits for the node's batch; `finish` waits for the end of the run and raises the
+    ValueError propagate_shapes would on inputs that do not fit. If the child dies, the values
+    are propagated here instead."""
+
+    def __init__(self, gm: fx.GraphModule, inputs: list):
+        self.gm, self.inputs = gm, inputs
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.got: list = []
+        self.done = False
+        self.local: dict | None = None
+        self.child = worker.Worker(self._run_in_child)
+
+    def _run_in_child(self, send) -> None:
+        torch.set_num_threads(1)
+        batch: list = []
+
+        def keep(n, r):
+            batch.append(_summary(r))
+            if len(batch) >= _STREAM_BATCH:
+                _send_values(send, batch)
+                batch.clear()
+            return r
+
+        try:
+            with torch.no_grad():
+                _run(self.gm, self.inputs, keep)
+        except Exception as e:  # noqa: BLE001 - the parent raises it as a misfit
+            _send_values(send, batch)
+            send(("misfit", f"{type(e).__name__}: {e}"))
+            return
+        _send_values(send, batch)
+        send(("done", None))
+
+    def _next(self) -> None:
+        try:
+            kind, payload = self.child.recv(until=time.perf_counter() + 1e6)
+        except worker.WorkerDied:
+            self.child.stop()
+            self.local = propagate_shapes(self.gm, self.inputs, mutates=False)
+            self.done = True
+            return
+        if kind == "values":
+            self.got.extend(payload)
+            return
+        self.done = True
+        self.child.stop()
+        if kind == "misfit":
+            raise ValueError(_MISFIT + payload)
+        if kind == "error":
+            raise payload
+
+    def get(self, n: fx.Node, default=None):
+        if self.local is not None:
+            return self.local.get(n, default)
+        i = self.order.get(n)
+        if i is None:
+            return default
+        while i >= len(self.got) and not self.done:
+            self._next()
+            if self.local is not None:
+                return self.local.get(n, default)
+        return self.got[i] if i < len(self.got) else default
+
+    def finish(self) -> None:
+        while not self.done:
+            self._next()
+
+    def stop(self) -> None:
+        if not self.done:
+            self.done = True
+            self.child.stop()
+
+
+def _send_values(send, batch: list) -> None:
+    """send(("values", batch)), with a value pickle cannot take replaced by None."""
+    try:
+        send(("values", batch))
+    except Exception:  # noqa: BLE001
+        send(("values", [v if _pickles(v) else None for v in batch]))
+
+
+def _pickles(v) -> bool:
+    try:
+        pickle.dumps(v)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _run(gm: fx.GraphModule, inputs: list, keep) -> None:
+    """Run `gm` on `inputs` node by node, calling keep(node, value) for each: fx.Interpreter's
+    semantics for plain placeholders, without its per-node bookkeeping (half the time on
+    big graphs). A value is dropped after its last use."""
+    if any(n.op == "placeholder" and n.target.startswith("*") for n in gm.graph.nodes):
+        class _Keep(fx.Interpreter):  # varargs placeholders: the Interpreter's rules
+            def run_node(self, n):
+                return keep(n, super().run_node(n))
+
+        _Keep(gm).run(*inputs)
+        return
+    last: dict[fx.Node, list[fx.Node]] = defaultdict(list)  # node -> values last used there
+    seen: set[fx.Node] = set()
+    for n in reversed(gm.graph.nodes):
+        for a in n.all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                last[n].append(a)
+    env: dict[fx.Node, Any] = {}
+    load = env.__getitem__
+    attrs: dict[str, Any] = {}
+    feed = iter(inputs)
+    for n in gm.graph.nodes:
+        op = n.op
+        if op == "placeholder":
+            try:
+                v = next(feed)
+            except StopIteration:
+                if not n.args:
+                    raise RuntimeError(f"no input for placeholder {n.name}") from None
+                v = n.args[0]
+        elif op == "output":
+            return
+        elif op == "get_attr":
+            v = attrs.get(n.target)
+            if v is None:
+                v = attrs[n.target] = _fetch(gm, n.target)
+        else:
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), load)
+            if op == "call_function":
+                v = n.target(*args, **kwargs)
+            elif op == "call_method":
+                v = getattr(args[0], n.target)(*args[1:], **kwargs)
+            else:
+                mod = attrs.get(n.target)
+                if mod is None:
+                    mod = attrs[n.target] = _fetch(gm, n.target)
+                v = mod(*args, **kwargs)
+        env[n] = v
+        keep(n, v)
+        for a in last.get(n, ()):
+            env.pop(a, None)
+
+
+def _fetch(gm: fx.GraphModule, target: str):
+    obj = gm
+    for atom in target.split("."):
+        if not hasattr(obj, atom):
+            raise RuntimeError(f"node target {target!r} does not exist")
+        obj = getattr(obj, atom)
+    return obj
