@@ -26,6 +26,7 @@ newer kind and checks the rule it targets fired.
 Examples: OPTIMUS_EGG_FUZZ_EXAMPLES (default 150, ~80 s in all on 2 cores); derandomized, so
 CI sees the same cases every run. A long run (1000 examples: ~16 min):
 OPTIMUS_EGG_FUZZ_EXAMPLES=1000 pytest tests/test_fuzz.py
+(add OPTIMUS_EGG_FUZZ_RANDOM=1 for cases drawn anew, reproducible with --hypothesis-seed=N)
 (add --hypothesis-show-statistics to see which rules the cases fired).
 
 The comparisons above run the optimized graph eagerly. Two more tests compile it with Inductor
@@ -55,6 +56,9 @@ from optimus_egg.testing import fired
 EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_EXAMPLES", "150"))
 # Programs also compiled with Inductor (see the module docstring).
 INDUCTOR_EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_INDUCTOR_EXAMPLES", "8"))
+# Fixed cases unless OPTIMUS_EGG_FUZZ_RANDOM is set: then new ones each run (pytest
+# --hypothesis-seed=N draws the same new ones again).
+DERANDOMIZE = not os.environ.get("OPTIMUS_EGG_FUZZ_RANDOM")
 
 
 @torch.fx.wrap
@@ -516,7 +520,7 @@ def optimize_strict(gm, inputs):
     return out
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=DERANDOMIZE, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(prog=programs())
 def test_random_graph_optimizes_to_same_values(prog):
@@ -529,7 +533,7 @@ def test_random_graph_optimizes_to_same_values(prog):
     torch.testing.assert_close(run(out, x), run(gm, x), rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
-@settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=True, database=None,
+@settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=DERANDOMIZE, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(prog=programs(), dynamic=st.booleans())
 def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
@@ -557,7 +561,7 @@ def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
                                    rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
-@settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=True, database=None,
+@settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=DERANDOMIZE, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(prog=programs())
 def test_random_aten_graph_optimizes_to_same_values(prog):
@@ -591,7 +595,7 @@ def _close(a, b, tol) -> bool:
 
 
 # Compiling is slow: a failing case is reported as found, not shrunk.
-INDUCTOR_SETTINGS = {"deadline": None, "derandomize": True, "database": None, "phases": (Phase.generate,),
+INDUCTOR_SETTINGS = {"deadline": None, "derandomize": DERANDOMIZE, "database": None, "phases": (Phase.generate,),
                      "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
                                                HealthCheck.filter_too_much]}
 
