@@ -35,7 +35,14 @@ from egglog import EGraph
 from optimus_egg import shapes
 from optimus_egg.extract.launch_cost import table_for
 from optimus_egg.seed import quote, register_text
-from optimus_egg.shapes import _static_int, _static_shape, check_inputs
+from optimus_egg.shapes import (
+    SYMBOLIC_MIN,
+    _meta_value,
+    _static_int,
+    check_inputs,
+    size_symbols,
+    symbolic_shape,
+)
 
 aten = torch.ops.aten
 
@@ -92,6 +99,7 @@ class Lowered:
     groups: dict[str, int] = field(default_factory=dict)
     shapes: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
     cost_table: str = "cpu"               # extract/launch_cost.py TABLES entry that prices it
+    symbols: dict[int, str] = field(default_factory=dict)  # sentinel size -> its SymInt placeholder (shapes.py)
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -327,7 +335,8 @@ class _Lowerer:
         self.lets: dict[str, str] = {}          # variable -> Pieces term (see register_text)
         self.uses: dict[int, tuple[str, ...]] = {}  # fact index -> the variables it reads
         self.reading: list[str] = []            # variables read by the node being lowered
-        self.shapes: dict[fx.Node, tuple[int, ...]] = {}
+        self.shapes: dict[fx.Node, tuple[int, ...]] = {}  # symbolic sizes as sentinels (shapes.py)
+        self.symbols = size_symbols(gm)
         self.shape_seeded: set[fx.Node] = set()  # values whose shape fact is seeded (see sliced)
         self.effects = _ordered_effects(gm.graph, self.modules, mutated)
         self.effect_set = set(self.effects)
@@ -366,7 +375,9 @@ class _Lowerer:
         self.nodes.append(n)
         self.reading = []
         v = self.values.get(n)
-        shp = _static_shape(v)
+        # With symbolic sizes only meta is shape-generic: a value propagated from the example
+        # inputs has their concrete sizes.
+        shp = symbolic_shape(v, self.symbols) if not self.symbols or _meta_value(n) is not None else None
         if shp is not None:
             self.shapes[n] = shp
         if n.op == "call_function" and _name(n.target) in _GLOBAL_STATE:
@@ -517,7 +528,7 @@ class _Lowerer:
         if key in _UNBIND:
             x, d = self.arg(n, 0, "input" if n.op == "call_function" else "self"), self.arg(n, 1, "dim", 0)
             d = self.dim(n, d, x)
-            if d is None or not self.tuple_valued(n) or x not in self.shapes:
+            if d is None or not self.tuple_valued(n) or x not in self.shapes or self.shapes[x][d] >= SYMBOLIC_MIN:
                 return None
             self.kind[n] = ("n", self.shapes[x][d])
             return ("pieces", _app("unbind", self.sliced(x), d))
@@ -705,6 +716,8 @@ class _Lowerer:
             return None
         d = self.dim(n, d, x)
         length = self.shapes[x][d]
+        if length >= SYMBOLIC_MIN:
+            return None  # piece sizes computed from a symbolic size
         if chunk:
             if not isinstance(sizes, int):
                 return None
@@ -749,6 +762,8 @@ class _Lowerer:
         if not -len(shp) <= d < len(shp):
             return None
         d = d % len(shp)
+        if shp[d] >= SYMBOLIC_MIN:
+            return None
         if not is_narrow:
             return _app("squeeze", self.operand(x), d) if shp[d] == 1 else None
         start, length = ints[1] + (shp[d] if ints[1] < 0 else 0), ints[2]
@@ -797,6 +812,8 @@ class _Lowerer:
         if len(cut) != 1:
             return None
         (d, start, stop), = cut
+        if shp[d] >= SYMBOLIC_MIN:
+            return None  # bounds normalized against a symbolic size
         return _app("narrow", self.sliced(x), d, start, max(stop - start, 0))
 
     def shape_of(self, a):
@@ -961,4 +978,4 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
     devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
     table = table_for(devices.pop() if len(devices) == 1 else "cpu")
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   lw.expr, groups, lw.shapes, table)
+                   lw.expr, groups, lw.shapes, table, {v: name for v, name in lw.symbols.values()})

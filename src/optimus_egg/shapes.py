@@ -41,6 +41,61 @@ def _static_shape(v) -> tuple[int, ...] | None:
         return None
 
 
+# Symbolic sizes. A graph Dynamo captured with dynamic shapes takes each free size symbol as
+# a SymInt placeholder (s0) and has tensors of shape (s0, 256). In the e-graph such a size is a
+# sentinel int, one per symbol: shapes with the same symbol compare equal (so those tensors
+# group), and a rule that only passes a size through passes the sentinel, which to_fx turns
+# back into the SymInt placeholder. Sentinels are at least SYMBOLIC_MIN, far above any static
+# size, and _SYMBOLIC_STEP apart, so no sum of a sentinel and a static size is another
+# sentinel; to_fx refuses any other int that large (a size computed from a symbol), and from_fx
+# never cuts, splits or unbinds a symbolic dim.
+SYMBOLIC_MIN = 2**31
+_SYMBOLIC_STEP = 2**21
+
+
+def size_symbols(gm: fx.GraphModule) -> dict[str, tuple[int, str]]:
+    """symbol name -> (sentinel, placeholder name) for each SymInt placeholder of `gm` whose
+    meta value is a plain symbol."""
+    out: dict[str, tuple[int, str]] = {}
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = _meta_value(n)
+        expr = getattr(getattr(v, "node", None), "expr", None) if isinstance(v, torch.SymInt) else None
+        if expr is not None and getattr(expr, "is_Symbol", False) and str(expr) not in out:
+            out[str(expr)] = (SYMBOLIC_MIN + (len(out) + 1) * _SYMBOLIC_STEP, n.name)
+    return out
+
+
+def has_symbolic_sizes(gm: fx.GraphModule) -> bool:
+    """Whether a placeholder's meta value is a SymInt or a tensor with a symbolic size."""
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            v = _meta_value(n)
+            if isinstance(v, torch.SymInt) or any(not isinstance(d, int) for d in getattr(v, "shape", ())):
+                return True
+    return False
+
+
+def symbolic_shape(v, symbols: dict[str, tuple[int, str]]) -> tuple[int, ...] | None:
+    """v's shape with each size that is one of `symbols` as its sentinel; None if another size
+    is symbolic (an expression such as 2*s0, or a symbol without a placeholder)."""
+    s = getattr(v, "shape", None)
+    if s is None:
+        return None
+    out = []
+    for d in s:
+        if isinstance(d, int):
+            out.append(int(d))
+            continue
+        expr = getattr(getattr(d, "node", None), "expr", None) if isinstance(d, torch.SymInt) else None
+        sym = symbols.get(str(expr)) if expr is not None and getattr(expr, "is_Symbol", False) else None
+        if sym is None:
+            return None
+        out.append(sym[0])
+    return tuple(out)
+
+
 def check_inputs(gm: fx.GraphModule, example_inputs) -> list:
     """Validate example inputs against the placeholders (count, and shapes where known)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

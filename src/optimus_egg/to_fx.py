@@ -24,6 +24,7 @@ from optimus_egg import ops
 from optimus_egg.extract.graph import Graph
 from optimus_egg.extract.greedy import Extraction
 from optimus_egg.from_fx import Lowered, Slot
+from optimus_egg.shapes import SYMBOLIC_MIN, has_symbolic_sizes
 
 _META_KEYS = ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack")
 
@@ -63,7 +64,9 @@ class _Raiser:
             return self.env[cls]
         if cls not in self.g.classes:  # a primitive or a Vec
             v = self.g.values[cls]
-            return [self.value(e) for e in v] if isinstance(v, list) else v
+            if isinstance(v, list):
+                return [self.value(e) for e in v]
+            return self.symbol(v) if type(v) is int and v >= SYMBOLIC_MIN else v
         stack = [cls]
         while stack:  # iterative post-order: deep graphs exceed Python's recursion limit
             c = stack[-1]
@@ -77,6 +80,14 @@ class _Raiser:
             stack.pop()
             self.env[c] = self.emit(c)
         return self.env[cls]
+
+    def symbol(self, size: int) -> fx.Node:
+        """The SymInt placeholder a sentinel size stands for (shapes.py, "Symbolic sizes")."""
+        name = self.lw.symbols.get(size)
+        if name is None:
+            raise RuntimeError(f"to_fx: size {size} was computed from a symbolic size; "
+                               "only a symbolic size passed through as it is can be raised")
+        return self.leaf(name)
 
     def deps(self, cls: str) -> list[str]:
         out = []
@@ -204,7 +215,10 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     shared = r.shared if _attr_targets(r.graph) == r.prebuilt_targets else None
     gm = graph_module(lowered.gm, r.graph, class_name=type(lowered.gm).__name__, shared=shared)
     dynamo_meta = any("example_value" in n.meta for n in lowered.gm.graph.nodes)
-    if example_inputs is not None and dynamo_meta:  # traced graphs carry no meta to keep up
+    # Traced graphs carry no meta to keep up. With symbolic sizes, propagating the example
+    # inputs would give new nodes concrete sizes, and specialize the capture's own symbols
+    # (measured: s0 became 32 in Dynamo's ShapeEnv); their new nodes are left without meta.
+    if example_inputs is not None and dynamo_meta and not has_symbolic_sizes(lowered.gm):
         fill_meta(gm, example_inputs, uses_example_value=True)
     return gm
 

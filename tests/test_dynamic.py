@@ -1,0 +1,150 @@
+"""Graphs with a symbolic batch size: what torch.compile hands a backend when a model is called
+with a second batch size (automatic dynamic shapes), or with dynamic=True.
+
+The symbolic size is a SymInt placeholder (s0) and tensors have shapes like (s0, 96). The rules
+must still batch (shapes with the same symbol are equal) and the result must compute eager's
+values at every batch size, not only the one of the example inputs.
+"""
+import pytest
+import torch
+from torch import nn
+
+import optimus_egg
+from optimus_egg.shapes import (
+    SYMBOLIC_MIN,
+    has_symbolic_sizes,
+    size_symbols,
+    symbolic_shape,
+)
+
+
+class Parallel(nn.Module):
+    def __init__(self, n=6, d=16):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+        self.n, self.d = n, d
+
+    def forward(self, x):
+        xs = torch.split(x, self.d, dim=1)
+        ys = [self.norms[i](torch.tanh(self.ls[i](xs[i]))) for i in range(self.n)]
+        return torch.cat(ys, dim=1).view(-1, 2, self.n * self.d // 2)  # a view to the batch size
+
+
+class Sliced(Parallel):
+    """Cuts the symbolic dim (the last rows) and a static one: neither may use the example's size."""
+
+    def forward(self, x):
+        tail = x[-3:]
+        return super().forward(x)[:, 0, : self.d].sum(0) + tail[:, : self.d].sum(0)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def dynamic_graph(model, sizes=(8, 6)):
+    """The graph Dynamo hands a backend on the second batch size: the batch is symbolic."""
+    graphs = []
+
+    def grab(gm, inputs):
+        graphs.append((gm, list(inputs)))
+        return gm.forward
+
+    compiled = torch.compile(model, backend=grab)
+    with torch.no_grad():
+        for b in sizes:
+            compiled(torch.randn(b, model.n * model.d))
+    gm, inputs = graphs[-1]
+    assert size_symbols(gm), "Dynamo did not make the batch size symbolic"
+    return gm, inputs
+
+
+def run_at(gm, inputs, x):
+    """The captured graph's inputs for a new batch: the SymInt placeholder and the tensor
+    placeholder change, the lifted parameters stay."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    args = []
+    for p, v in zip(placeholders, inputs):
+        if isinstance(p.meta.get("example_value"), torch.SymInt):
+            args.append(x.shape[0])
+        elif isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter) and v.dim() == 2 and v.shape[1] == x.shape[1]:
+            args.append(x)
+        else:
+            args.append(v)
+    with torch.no_grad():
+        out = gm(*args)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+@pytest.mark.parametrize("model_cls", [Parallel, Sliced])
+def test_symbolic_batch_is_batched_and_right_at_every_size(model_cls):
+    torch.manual_seed(0)
+    model = model_cls().eval()
+    gm, inputs = dynamic_graph(model)
+    out = optimus_egg.optimize(gm, inputs, budget_s=5.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.changed and report.matches.get("batch-linear", 0) >= 6, report
+    assert report.matches.get("batch-layernorm", 0) >= 6, report
+    for b in (6, 8, 5, 17):  # the example's size, the first capture's, and others
+        x = torch.randn(b, model.n * model.d)
+        with torch.no_grad():
+            want = model(x)
+        torch.testing.assert_close(run_at(out, inputs, x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_optimize_leaves_the_capture_symbolic():
+    """Nothing optimize does may pin the capture's symbol to the example's size (filling the
+    new nodes' meta from the example inputs did: s0 became 6 in Dynamo's ShapeEnv)."""
+    gm, inputs = dynamic_graph(Parallel().eval())
+    sym = next(n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.SymInt))
+    assert not str(sym.meta["example_value"]).isdigit()
+    out = optimus_egg.optimize(gm, inputs, budget_s=5.0, strict=True)
+    assert out.meta["optimus_egg"].changed
+    assert not str(sym.meta["example_value"]).isdigit(), sym.meta["example_value"]
+    assert has_symbolic_sizes(gm)
+
+
+def test_symbolic_shapes_map_to_sentinels():
+    gm, _ = dynamic_graph(Parallel().eval())
+    symbols = size_symbols(gm)
+    (_name, (sentinel, placeholder)), = symbols.items()
+    assert sentinel >= SYMBOLIC_MIN and placeholder in {n.name for n in gm.graph.nodes}
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder" and hasattr(n.meta.get("example_value"), "shape"))
+    assert symbolic_shape(x.meta["example_value"], symbols) == (sentinel, 96)
+    assert symbolic_shape(x.meta["example_value"], {}) is None  # an unknown symbol: no shape
+    assert symbolic_shape(torch.empty(2, 3), symbols) == (2, 3)
+
+
+def test_backend_trains_at_two_batch_sizes(monkeypatch):
+    """torch.compile's recompile at a second batch size (a symbolic batch) is optimized too,
+    and values and gradients match eager at a third size."""
+    from optimus_egg import pipeline
+
+    reports, real = [], pipeline.optimize
+
+    def spy(gm, *a, **k):
+        out = real(gm, *a, **k)
+        reports.append((bool(size_symbols(gm)), out.meta["optimus_egg"]))
+        return out
+
+    monkeypatch.setattr(pipeline, "optimize", spy)
+    torch.manual_seed(0)
+    model, ref = Parallel(), Parallel()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="optimus_egg")
+    for b in (8, 6, 11):
+        x = torch.randn(b, 96)
+        model.zero_grad()
+        ref.zero_grad()
+        out = compiled(x)
+        torch.testing.assert_close(out, ref(x), rtol=1e-4, atol=1e-5)
+        out.square().sum().backward()
+        ref(x).square().sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
+    symbolic = [r for dyn, r in reports if dyn]
+    assert symbolic and all(r.changed and r.matches.get("batch-linear", 0) >= 6 for r in symbolic), reports
