@@ -8,7 +8,8 @@ arm) then compiles with Inductor's post-grad Optimus passes (baselines.EGG_POST_
 which also see the backward. For each model this optimizes once at 1 s, compiles the result
 with and without those passes, and prints Inductor's launches and whether values (and, in
 training, every parameter's gradient) equal eager's. In inference it also prints the Optimus
-arm with and without them (the bench's Optimus arm runs them in training only). One torch
+arm with and without them (the bench's Optimus arm runs them in training only), and plain
+Inductor with and without them (what the post-grad passes do alone). One torch
 thread; launches are deterministic, so one run suffices.
 """
 from __future__ import annotations
@@ -53,7 +54,9 @@ def run(name: str, train: bool) -> bool:
         if not train:
             opt = [compile_inductor(inductor_with_optimus(gm, list(inputs), post_grad=pg), inputs).launches.total
                    for pg in (False, True)]
-            line += f"   Optimus: without {opt[0]}, with {opt[1]}"
+            plain = [compile_inductor(gm, inputs, config_patches=p).launches.total
+                     for p in ({}, post_grad_patches(EGG_POST_GRAD))]
+            line += f"   Optimus: without {opt[0]}, with {opt[1]}   plain Inductor: without {plain[0]}, with {plain[1]}"
         print(line, flush=True)
         return ok
 

@@ -559,6 +559,31 @@ def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
         inputs = [int(v) if isinstance(v, torch.SymInt) else v for v in inputs]
         torch.testing.assert_close(run_all(out, inputs), run_all(gm, inputs),
                                    rtol=1e-4, atol=1e-5, equal_nan=True)
+        # With a symbolic batch the result must hold at other batch sizes too.
+        other = at_batch(gm, inputs, x, prog["b"] + 3)
+        if other is not None:
+            event("symbolic batch")
+            torch.testing.assert_close(run_all(out, other), run_all(gm, other),
+                                       rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def at_batch(gm, inputs, x, b):
+    """A Dynamo graph's inputs for batch size b (a fresh input of x's kind and the batch's
+    SymInt placeholder changed), or None if its batch size is not symbolic."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    vals = [n.meta.get("example_value") for n in placeholders]
+    k = next((i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor) and v.shape == x.shape
+              and not isinstance(v, nn.Parameter)), None)
+    batch = vals[k].shape[0] if k is not None and hasattr(vals[k], "shape") else None
+    if not isinstance(batch, torch.SymInt):
+        return None
+    out = list(inputs)
+    for i, v in enumerate(vals):
+        if isinstance(v, torch.SymInt) and str(v.node.expr) == str(batch.node.expr):
+            out[i] = b
+    g = torch.Generator().manual_seed(b)
+    out[k] = torch.randn(b, *x.shape[1:], generator=g, dtype=x.dtype)
+    return out
 
 
 @settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=DERANDOMIZE, database=None,

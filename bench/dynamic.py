@@ -1,0 +1,77 @@
+"""Symbolic batch sizes: the graph torch.compile hands its backend when a model is called with a
+second batch size (automatic dynamic shapes), optimized and checked at three batch sizes.
+
+    python bench/dynamic.py [--models parallel_mlp,dhen]
+
+Per model: how many graphs the backend compiled, whether the last one has a symbolic batch,
+whether torch.compile's values match eager at the batch sizes b, b/2 and b/4 + 1, the launch
+cost before -> after for that graph, and Inductor's launches for it: plain, with Optimus's
+pre-grad passes, and optimized by optimus_egg (compiled as the backend compiles it, with
+`baselines.EGG_POST_GRAD`). dlrm is left out: its inputs are indices and offsets into
+embedding bags, not rows to cut.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from optimus_egg.models import build
+
+import optimus_egg
+from optimus_egg import baselines, measure
+from optimus_egg import pipeline as pipeline_module
+from optimus_egg.shapes import size_symbols
+
+MODELS = ["parallel_mlp", "dcn_v2", "wukong", "dhen", "masknet", "interformer", "hstu", "illustrative"]
+
+
+def rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x[:n] if x.is_floating_point() else x
+
+
+def run(name: str) -> str:
+    model, ex = build(name)
+    model.eval()
+    b = ex[0].shape[0]
+    sizes = [tuple(rows(x, n) for x in ex) for n in (b, b // 2, b // 4 + 1)]
+    seen = []
+    real = pipeline_module.optimize
+
+    def spy(gm, inputs, *a, **k):
+        out = real(gm, inputs, *a, **k)
+        seen.append((gm, out, list(inputs)))
+        return out
+
+    pipeline_module.optimize = spy
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=optimus_egg.backend(budget_s=1.0))
+        with torch.no_grad():
+            match = [measure.values_match(compiled(*s), model(*s)) for s in sizes]
+    finally:
+        pipeline_module.optimize = real
+        torch._dynamo.reset()
+    gm, out, inputs = seen[-1]
+    report = out.meta["optimus_egg"]
+    plain = measure.compile_inductor(gm, inputs).launches.total
+    optimus = measure.compile_inductor(
+        gm, inputs, config_patches={"pre_grad_fusion_options": baselines.OPTIMUS_PRE_GRAD}).launches.total
+    egg = measure.compile_inductor(
+        out, inputs, config_patches=baselines.post_grad_patches(baselines.EGG_POST_GRAD)).launches.total
+    return (f"{name:13s} graphs {len(seen)}  symbolic batch {bool(size_symbols(gm))!s:5s}  "
+            f"values {'match' if all(match) else 'DIFFER ' + str(match)}  "
+            f"cost {report.cost_before:.1f} -> {report.cost_after:.1f}  "
+            f"launches inductor {plain} optimus {optimus} optimus_egg {egg}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    for name in args.models.split(","):
+        print(run(name), flush=True)
+
+
+if __name__ == "__main__":
+    main()
