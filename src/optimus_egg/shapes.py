@@ -31,16 +31,6 @@ def _static_int(v) -> bool:
     return v is None or type(v) is int
 
 
-def _static_shape(v) -> tuple[int, ...] | None:
-    s = getattr(v, "shape", None)
-    if s is None:
-        return None
-    try:
-        return tuple(int(d) for d in s) if all(isinstance(d, int) for d in s) else None
-    except TypeError:
-        return None
-
-
 # Symbolic sizes. A graph Dynamo captured with dynamic shapes takes each free size symbol as
 # a SymInt placeholder (s0) and has tensors of shape (s0, 256). In the e-graph such a size is a
 # sentinel int, one per symbol: shapes with the same symbol compare equal (so those tensors
@@ -105,7 +95,7 @@ def check_inputs(gm: fx.GraphModule, example_inputs) -> list:
             f"example_inputs has {len(inputs)} values but the graph has {len(placeholders)} "
             f"placeholders ({', '.join(p.name for p in placeholders)}); pass one value per placeholder")
     for p, x in zip(placeholders, inputs):
-        want = _static_shape(_meta_value(p))
+        want = symbolic_shape(_meta_value(p), {})  # None where a size is symbolic
         if want is not None and isinstance(x, torch.Tensor) and tuple(x.shape) != want:
             raise ValueError(f"example input for placeholder '{p.name}' has shape {tuple(x.shape)}, "
                              f"but the graph was captured with {want}")
