@@ -1,9 +1,11 @@
 """Graphs with a symbolic batch size: what torch.compile hands a backend when a model is called
-with a second batch size (automatic dynamic shapes), or with dynamic=True.
+with a second batch size (automatic dynamic shapes), or with dynamic=True, and what
+torch.export (a dynamic Dim) and make_fx(tracing_mode="symbolic") give.
 
-The symbolic size is a SymInt placeholder (s0) and tensors have shapes like (s0, 96). The rules
-must still batch (shapes with the same symbol are equal) and the result must compute eager's
-values at every batch size, not only the one of the example inputs.
+In Dynamo's graphs the symbolic size is a SymInt placeholder (s0) and tensors have shapes like
+(s0, 96); export and make_fx graphs have only the tensors. The rules must still batch (shapes
+with the same symbol are equal) and the result must compute eager's values at every batch
+size, not only the one of the example inputs.
 """
 import pytest
 import test_backend  # tests/ is on sys.path under pytest (no __init__.py)
@@ -148,3 +150,52 @@ def test_backend_trains_at_two_batch_sizes(monkeypatch):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
     symbolic = [r for dyn, r in reports if dyn]
     assert symbolic and all(r.changed and r.matches.get("batch-linear", 0) >= 6 for r in symbolic), reports
+
+
+# ---- torch.export and make_fx graphs: the symbol is a size of the input tensor ------------
+
+def exported_graph(model, b=8):
+    from torch.export import Dim, export
+
+    x = torch.randn(b, model.n * model.d)
+    return export(model, (x,), dynamic_shapes=({0: Dim("batch", min=3)},)).module(), [x]
+
+
+def make_fx_graph(model, b=8):
+    """make_fx(tracing_mode="symbolic") of the model with its parameters as inputs: aten ops
+    (addmm(b, x, t(w)) for a linear), and sizes that are constant SymInts."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    params = dict(model.named_parameters())
+    x = torch.randn(b, model.n * model.d)
+    gm = make_fx(lambda p, x: torch.func.functional_call(model, p, (x,)), tracing_mode="symbolic")(params, x)
+    return gm, [*params.values(), x]
+
+
+@pytest.mark.parametrize("model_cls", [Parallel, Sliced])
+@pytest.mark.parametrize("capture", [exported_graph, make_fx_graph])
+def test_exported_symbolic_batch_is_batched_and_right_at_every_size(capture, model_cls):
+    torch.manual_seed(0)
+    model = model_cls().eval()
+    gm, inputs = capture(model)
+    (_sym, (_sentinel, source)), = size_symbols(gm).items()
+    assert isinstance(source, tuple) and source[1] == 0, source  # (input tensor, dim 0): no SymInt placeholder
+    out = optimus_egg.optimize(gm, inputs, budget_s=5.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.changed and report.matches.get("batch-linear", 0) >= 6, report
+    assert report.matches.get("batch-layernorm", 0) >= 6, report
+    if model_cls is Parallel:  # the view to the batch size reads the batch from the input
+        assert any(n.target is torch.ops.aten.sym_size.int for n in out.graph.nodes), out.code
+    for b in (8, 5, 17):
+        x = torch.randn(b, model.n * model.d)
+        with torch.no_grad():
+            want = model(x)
+            got = out(*inputs[:-1], x) if capture is exported_graph else out(dict(model.named_parameters()), x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_constant_symint_sizes_are_static():
+    """make_fx's parameters have SymInt sizes that are constants: they are plain sizes."""
+    gm, _ = make_fx_graph(Parallel().eval())
+    w = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    assert symbolic_shape(w.meta["val"], {}) == (16, 16)

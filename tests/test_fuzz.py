@@ -52,6 +52,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import optimus_egg
 from optimus_egg.testing import fired
+from optimus_egg.shapes import size_symbols
 
 EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_EXAMPLES", "150"))
 # Programs also compiled with Inductor (see the module docstring).
@@ -588,18 +589,29 @@ def at_batch(gm, inputs, x, b):
 
 @settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=DERANDOMIZE, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(prog=programs())
-def test_random_aten_graph_optimizes_to_same_values(prog):
+@given(prog=programs(), symbolic=st.booleans())
+def test_random_aten_graph_optimizes_to_same_values(prog, symbolic):
     """The same programs as ATen graphs from make_fx: linears are mm(x, t(w)) / addmm(b, x, t(w)),
-    layer norms native_layer_norm, parameters constants (get_attr), in-place ops aten.*_ calls."""
-    note(f"program: {prog}")
+    layer norms native_layer_norm, parameters constants (get_attr), in-place ops aten.*_ calls.
+    With symbolic tracing the input's sizes are symbols (no SymInt placeholder): the result must
+    hold at another batch size too."""
+    note(f"program: {prog}, symbolic={symbolic}")
     model = Program(prog).to(prog["dtype"]).eval()
     x = make_input(prog)
     with torch.no_grad():
-        gm = make_fx(model)(x.clone())
+        gm = make_fx(model, tracing_mode="symbolic" if symbolic else "real",
+                     _allow_non_fake_inputs=symbolic)(x.clone())
     note(f"graph:\n{gm.code}")
     out = optimize_strict(gm, [x])
     torch.testing.assert_close(run(out, x), run(gm, x), rtol=1e-4, atol=1e-5, equal_nan=True)
+    if symbolic and size_symbols(gm):
+        other = torch.randn(prog["b"] + 3, *x.shape[1:], generator=torch.Generator().manual_seed(1), dtype=x.dtype)
+        try:
+            want = run(gm, other)
+        except RuntimeError:  # the trace specialized a size: the input graph itself holds at one size only
+            return
+        event("symbolic batch")
+        torch.testing.assert_close(run(out, other), want, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
 def _compiled(gm, x):

@@ -99,7 +99,7 @@ class Lowered:
     groups: dict[str, int] = field(default_factory=dict)
     shapes: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
     cost_table: str = "cpu"               # extract/launch_cost.py TABLES entry that prices it
-    symbols: dict[int, str] = field(default_factory=dict)  # sentinel size -> its SymInt placeholder (shapes.py)
+    symbols: dict[int, str | tuple[str, int]] = field(default_factory=dict)  # sentinel size -> its source (shapes.size_symbols)
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -141,7 +141,8 @@ _UNBIND = {torch.unbind, "unbind", aten.unbind.int}
 _SQUEEZE = {torch.squeeze, torch.Tensor.squeeze, "squeeze", aten.squeeze.dim}  # with one int dim only
 _NARROW = {torch.narrow, torch.Tensor.narrow, "narrow", aten.narrow.default}
 _ATEN_SLICE = {aten.slice.Tensor}  # x[a:b] as make_fx / export write it; not slice_scatter & co.
-_RESHAPE = {torch.reshape, "reshape", "view"}  # to static int sizes only
+_RESHAPE = {torch.reshape, "reshape", "view", aten.view.default, aten.reshape.default,
+            aten._unsafe_view.default}  # to static int sizes only
 _DROPOUT = {F.dropout, torch.dropout, aten.dropout.default}
 _VIEW_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "t",
                  "movedim", "squeeze", "unsqueeze", "expand", "narrow", "select", "split",

@@ -32,10 +32,11 @@ def _static_int(v) -> bool:
 
 
 # Symbolic sizes. A graph Dynamo captured with dynamic shapes takes each free size symbol as
-# a SymInt placeholder (s0) and has tensors of shape (s0, 256). In the e-graph such a size is a
+# a SymInt placeholder (s0) and has tensors of shape (s0, 256); torch.export and make_fx graphs
+# have only the tensors, read with sym_size. In the e-graph such a size is a
 # sentinel int, one per symbol: shapes with the same symbol compare equal (so those tensors
 # group), and a rule that only passes a size through passes the sentinel, which to_fx turns
-# back into the SymInt placeholder. Sentinels are at least SYMBOLIC_MIN, far above any static
+# back into the SymInt placeholder (or a sym_size of the first input with that size). Sentinels are at least SYMBOLIC_MIN, far above any static
 # size, and _SYMBOLIC_STEP apart, so no sum of a sentinel and a static size is another
 # sentinel; to_fx refuses any other int that large (a size computed from a symbol), and from_fx
 # never cuts, splits or unbinds a symbolic dim.
@@ -43,17 +44,24 @@ SYMBOLIC_MIN = 2**31
 _SYMBOLIC_STEP = 2**21
 
 
-def size_symbols(gm: fx.GraphModule) -> dict[str, tuple[int, str]]:
-    """symbol name -> (sentinel, placeholder name) for each SymInt placeholder of `gm` whose
-    meta value is a plain symbol."""
-    out: dict[str, tuple[int, str]] = {}
+def size_symbols(gm: fx.GraphModule) -> dict[str, tuple[int, str | tuple[str, int]]]:
+    """symbol name -> (sentinel, source) for each plain symbol among the sizes of `gm`'s
+    placeholders. The source is a SymInt placeholder's name where there is one (Dynamo lifts
+    each free symbol), else (name, dim) of the first tensor placeholder with the symbol as a
+    size (torch.export and make_fx graphs), read back with sym_size."""
+    lifted, dims = [], []  # (size, source): SymInt placeholders first, no extra node for those
     for n in gm.graph.nodes:
-        if n.op != "placeholder":
-            continue
-        v = _meta_value(n)
-        expr = getattr(getattr(v, "node", None), "expr", None) if isinstance(v, torch.SymInt) else None
+        if n.op == "placeholder":
+            v = _meta_value(n)
+            if isinstance(v, torch.SymInt):
+                lifted.append((v, n.name))
+            else:
+                dims += [(d, (n.name, i)) for i, d in enumerate(getattr(v, "shape", ())) if isinstance(d, torch.SymInt)]
+    out: dict[str, tuple[int, str | tuple[str, int]]] = {}
+    for v, source in lifted + dims:
+        expr = getattr(v.node, "expr", None)
         if expr is not None and getattr(expr, "is_Symbol", False) and str(expr) not in out:
-            out[str(expr)] = (SYMBOLIC_MIN + (len(out) + 1) * _SYMBOLIC_STEP, n.name)
+            out[str(expr)] = (SYMBOLIC_MIN + (len(out) + 1) * _SYMBOLIC_STEP, source)
     return out
 
 
@@ -67,9 +75,9 @@ def has_symbolic_sizes(gm: fx.GraphModule) -> bool:
     return False
 
 
-def symbolic_shape(v, symbols: dict[str, tuple[int, str]]) -> tuple[int, ...] | None:
+def symbolic_shape(v, symbols: dict[str, tuple[int, object]]) -> tuple[int, ...] | None:
     """v's shape with each size that is one of `symbols` as its sentinel; None if another size
-    is symbolic (an expression such as 2*s0, or a symbol without a placeholder)."""
+    is symbolic (an expression such as 2*s0, or a symbol no placeholder's size holds)."""
     s = getattr(v, "shape", None)
     if s is None:
         return None
@@ -79,6 +87,9 @@ def symbolic_shape(v, symbols: dict[str, tuple[int, str]]) -> tuple[int, ...] | 
             out.append(int(d))
             continue
         expr = getattr(getattr(d, "node", None), "expr", None) if isinstance(d, torch.SymInt) else None
+        if expr is not None and getattr(expr, "is_Integer", False):  # a SymInt that is a constant (make_fx)
+            out.append(int(expr))
+            continue
         sym = symbols.get(str(expr)) if expr is not None and getattr(expr, "is_Symbol", False) else None
         if sym is None:
             return None

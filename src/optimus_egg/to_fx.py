@@ -47,6 +47,7 @@ class _Raiser:
         self.choice: dict[str, str] = {}
         self.graph = fx.Graph()
         self.env: dict[str, object] = {}
+        self.sizes: dict[int, fx.Node] = {}  # sentinel size -> its sym_size node (symbol())
         self.leaf_nodes: dict[str, fx.Node] = {}
         self.new_nodes: list[fx.Node] = []
         for n in lowered.gm.graph.nodes:  # placeholders first, in order, even if unused
@@ -82,12 +83,19 @@ class _Raiser:
         return self.env[cls]
 
     def symbol(self, size: int) -> fx.Node:
-        """The SymInt placeholder a sentinel size stands for (shapes.py, "Symbolic sizes")."""
-        name = self.lw.symbols.get(size)
-        if name is None:
+        """The SymInt placeholder a sentinel size stands for, or the size of the input tensor
+        that holds it, read once (shapes.py, "Symbolic sizes")."""
+        source = self.lw.symbols.get(size)
+        if source is None:
             raise RuntimeError(f"to_fx: size {size} was computed from a symbolic size; "
                                "only a symbolic size passed through as it is can be raised")
-        return self.leaf(name)
+        if isinstance(source, str):
+            return self.leaf(source)
+        if size not in self.sizes:
+            name, dim = source
+            self.sizes[size] = self.graph.create_node(
+                "call_function", torch.ops.aten.sym_size.int, (self.leaf(name), dim))
+        return self.sizes[size]
 
     def deps(self, cls: str) -> list[str]:
         out = []
