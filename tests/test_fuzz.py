@@ -20,7 +20,7 @@ compared after the call too.
 
 A fifth as many programs are captured with Dynamo instead (static and dynamic=True), ~0.3 s
 each, and a fifth as many as ATen graphs with make_fx (linears as mm / addmm of t(w), layer
-norms as native_layer_norm). `test_new_vocabulary_fires` optimizes one fixed program of each
+norms as native_layer_norm; real or symbolic tracing, a symbolic batch also run at another size). `test_new_vocabulary_fires` optimizes one fixed program of each
 newer kind and checks the rule it targets fired.
 
 Examples: OPTIMUS_EGG_FUZZ_EXAMPLES (default 150, ~80 s in all on 2 cores); derandomized, so
@@ -51,8 +51,8 @@ from hypothesis import HealthCheck, Phase, assume, event, given, note, settings
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import optimus_egg
-from optimus_egg.testing import fired
 from optimus_egg.shapes import size_symbols
+from optimus_egg.testing import fired
 
 EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_EXAMPLES", "150"))
 # Programs also compiled with Inductor (see the module docstring).
