@@ -75,3 +75,18 @@ def test_post_grad_script_end_to_end(capsys):
     assert post_grad.main(["--models", "parallel_mlp", "--infer"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("parallel_mlp") and "without" in line and "with" in line and "DIFFER" not in line
+
+
+@pytest.mark.parametrize("export", [False, True], ids=["backend", "export"])
+def test_dynamic_script_end_to_end(export):
+    """bench/dynamic.py on the smallest model: the graph with a symbolic batch (the backend's
+    recompile, or torch.export's) is optimized, matches eager at three batch sizes, and
+    launches fewer kernels than plain Inductor."""
+    import re
+
+    import dynamic
+
+    line = dynamic.run("parallel_mlp", export=export)
+    assert "symbolic batch True" in line and "values match" in line, line
+    plain, egg = (int(v) for v in re.search(r"inductor (\d+) optimus \d+ optimus_egg (\d+)", line).groups())
+    assert egg < plain, line

@@ -473,6 +473,9 @@ def make_input(prog):
     g = torch.Generator().manual_seed(prog["seed"])
     x = torch.randn(prog["b"], prog["n"] * prog["d"], generator=g, dtype=prog["dtype"])
     if prog["special"]:
+        # Eager F.gelu(+inf) is nan on a contiguous input and inf on a strided one (its vector and
+        # scalar kernels differ), so a rewrite that changes a layout changes it: no reference.
+        assume("gelu" not in repr(prog["steps"]))
         flat = x.view(-1)
         picks = torch.randint(0, flat.numel(), (3,), generator=g)
         flat[picks[0]], flat[picks[1]], flat[picks[2]] = float("nan"), float("inf"), float("-inf")
