@@ -3,8 +3,9 @@ with a second batch size (automatic dynamic shapes), or with dynamic=True, and w
 torch.export (a dynamic Dim) and make_fx(tracing_mode="symbolic") give.
 
 In Dynamo's graphs the symbolic size is a SymInt placeholder (s0) and tensors have shapes like
-(s0, 96); export and make_fx graphs have only the tensors. The rules must still batch (shapes
-with the same symbol are equal) and the result must compute eager's values at every batch
+(s0, 96); export and make_fx graphs have only the tensors; flattened [b, l, d] rows have the
+size l*b, an expression. The rules must still batch (shapes with the same symbolic size are
+equal) and the result must compute eager's values at every batch
 size, not only the one of the example inputs.
 """
 import pytest
@@ -34,6 +35,17 @@ class Sliced(Parallel):
     def forward(self, x):
         tail = x[-3:]
         return super().forward(x)[:, 0, : self.d].sum(0) + tail[:, : self.d].sum(0)
+
+
+class CatRows(Parallel):
+    """Rows stacked along the symbolic dim (2*s0 rows) and split back by SymInt sizes."""
+
+    def forward(self, x):
+        x = torch.cat([x, x * 2], 0)
+        xs = torch.split(x, self.d, dim=1)
+        y = torch.cat([self.norms[i](torch.tanh(self.ls[i](xs[i]))) for i in range(self.n)], dim=1)
+        a, b = torch.split(y, [y.shape[0] // 2, y.shape[0] // 2], 0)
+        return (a + b).view(-1, 2, self.n * self.d // 2)
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +92,7 @@ def run_at(gm, inputs, x):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-@pytest.mark.parametrize("model_cls", [Parallel, Sliced])
+@pytest.mark.parametrize("model_cls", [Parallel, Sliced, CatRows])
 def test_symbolic_batch_is_batched_and_right_at_every_size(model_cls):
     torch.manual_seed(0)
     model = model_cls().eval()
@@ -150,6 +162,82 @@ def test_backend_trains_at_two_batch_sizes(monkeypatch):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
     symbolic = [r for dyn, r in reports if dyn]
     assert symbolic and all(r.changed and r.matches.get("batch-linear", 0) >= 6 for r in symbolic), reports
+
+
+# ---- expressions of symbols: batch x sequence rows ------------------------------------------
+
+class Tokens(nn.Module):
+    """A parallel MLP over the rows of a [b, l, n*d] input flattened to [b*l, n*d]: with b and l
+    symbolic every size of the rows is the expression l*b."""
+
+    def __init__(self, n=4, d=16):
+        super().__init__()
+        self.n, self.d = n, d
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+
+    def forward(self, x):
+        b, l, _ = x.shape
+        xs = torch.split(x.reshape(b * l, self.n * self.d), self.d, dim=1)
+        ys = [self.norms[i](torch.relu(self.ls[i](xs[i]))) for i in range(self.n)]
+        return torch.cat(ys, dim=1).view(-1, 2, self.n * self.d // 2).reshape(b, l, -1)
+
+
+def rows_graph(model):
+    graphs = []
+
+    def grab(gm, inputs):
+        graphs.append((gm, list(inputs)))
+        return gm.forward
+
+    compiled = torch.compile(model, backend=grab)
+    with torch.no_grad():
+        for k, (b, l) in enumerate([(4, 6), (3, 5)]):
+            x = torch.randn(b, l, model.n * model.d)
+            if k:
+                torch._dynamo.maybe_mark_dynamic(x, 0)
+                torch._dynamo.maybe_mark_dynamic(x, 1)
+            compiled(x)
+    gm, inputs = graphs[-1]
+    assert len(size_symbols(gm)) == 2, "Dynamo did not make both sizes symbolic"
+    return gm, inputs
+
+
+def test_expression_of_symbols_is_batched_and_right_at_every_size():
+    torch.manual_seed(0)
+    model = Tokens().eval()
+    gm, inputs = rows_graph(model)
+    out = optimus_egg.optimize(gm, inputs, budget_s=5.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.matches.get("batch-linear", 0) >= 4 and report.matches.get("batch-layernorm", 0) >= 4, report
+    # view(-1, 2, 32) of the batched result is raised as a reshape to [l*b, 2, 32], computed from s0, s1
+    assert any(n.op == "call_function" and n.target is torch.reshape and isinstance(n.args[1][0], torch.fx.Node)
+               for n in out.graph.nodes), out.code
+    for b, l in [(3, 5), (4, 6), (7, 2), (1, 9)]:
+        x = torch.randn(b, l, model.n * model.d)
+        args = [b if i == 0 else l if i == 1 else x if i == 2 else v for i, v in enumerate(inputs)]
+        assert isinstance(inputs[0], (int, torch.SymInt)) and isinstance(inputs[1], (int, torch.SymInt))
+        with torch.no_grad():
+            got, want = out(*args), model(x)
+        torch.testing.assert_close(got[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_expressions_get_sentinels_of_their_own():
+    import sympy
+
+    from optimus_egg.shapes import _computable
+
+    gm, _ = rows_graph(Tokens().eval())
+    symbols = size_symbols(gm)
+    rows = next(n for n in gm.graph.nodes if n.op == "call_method" and n.target == "reshape")
+    shape = symbolic_shape(rows.meta["example_value"], symbols)
+    assert shape is not None and shape[1] == 64 and shape[0] >= SYMBOLIC_MIN
+    sentinel, expr = symbols[str(rows.meta["example_value"].shape[0].node.expr)]
+    assert sentinel == shape[0] and expr.is_Mul and len(symbols) == 3
+    assert symbolic_shape(rows.meta["example_value"], symbols) == shape  # the same expression: the same sentinel
+    s = sympy.Symbol(next(iter(symbols)), integer=True, positive=True)
+    assert not _computable(sympy.Mod(s, 3), symbols)  # to_fx computes +, * and // only
+    assert not _computable(s + sympy.Symbol("unknown"), symbols)
 
 
 # ---- torch.export and make_fx graphs: the symbol is a size of the input tensor ------------

@@ -99,7 +99,7 @@ class Lowered:
     groups: dict[str, int] = field(default_factory=dict)
     shapes: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
     cost_table: str = "cpu"               # extract/launch_cost.py TABLES entry that prices it
-    symbols: dict[int, str | tuple[str, int]] = field(default_factory=dict)  # sentinel size -> its source (shapes.size_symbols)
+    symbols: dict[str, tuple[int, object]] = field(default_factory=dict)  # symbol or expression -> (sentinel, source) (shapes.py)
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -979,4 +979,4 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
     devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
     table = table_for(devices.pop() if len(devices) == 1 else "cpu")
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   lw.expr, groups, lw.shapes, table, {v: name for v, name in lw.symbols.values()})
+                   lw.expr, groups, lw.shapes, table, lw.symbols)

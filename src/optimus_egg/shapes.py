@@ -33,13 +33,14 @@ def _static_int(v) -> bool:
 
 # Symbolic sizes. A graph Dynamo captured with dynamic shapes takes each free size symbol as
 # a SymInt placeholder (s0) and has tensors of shape (s0, 256); torch.export and make_fx graphs
-# have only the tensors, read with sym_size. In the e-graph such a size is a
-# sentinel int, one per symbol: shapes with the same symbol compare equal (so those tensors
-# group), and a rule that only passes a size through passes the sentinel, which to_fx turns
-# back into the SymInt placeholder (or a sym_size of the first input with that size). Sentinels are at least SYMBOLIC_MIN, far above any static
-# size, and _SYMBOLIC_STEP apart, so no sum of a sentinel and a static size is another
-# sentinel; to_fx refuses any other int that large (a size computed from a symbol), and from_fx
-# never cuts, splits or unbinds a symbolic dim.
+# have only the tensors. In the e-graph such a size is a sentinel int, one per symbol and one
+# per expression of symbols (l*b, for [b, l, d] rows flattened to [b*l, d]): shapes with the
+# same size compare equal (so those tensors group), and a rule that only passes a size through
+# passes the sentinel, which to_fx turns back into the SymInt placeholder, a sym_size of the
+# first input with that size, or FX arithmetic on those for an expression. Sentinels are at
+# least SYMBOLIC_MIN, far above any static size, and _SYMBOLIC_STEP apart, so no sum of a
+# sentinel and a static size is another sentinel; to_fx refuses any other int that large (a
+# size computed from a symbolic one), and from_fx never cuts, splits or unbinds a symbolic dim.
 SYMBOLIC_MIN = 2**31
 _SYMBOLIC_STEP = 2**21
 
@@ -77,7 +78,9 @@ def has_symbolic_sizes(gm: fx.GraphModule) -> bool:
 
 def symbolic_shape(v, symbols: dict[str, tuple[int, object]]) -> tuple[int, ...] | None:
     """v's shape with each size that is one of `symbols` as its sentinel; None if another size
-    is symbolic (an expression such as 2*s0, or a symbol no placeholder's size holds)."""
+    is symbolic (a symbol no placeholder's size holds, or an expression to_fx cannot compute).
+    An expression of known symbols by +, * and // (b*l, 2*s0) gets a sentinel of its own,
+    added to `symbols` with the expression as its source."""
     s = getattr(v, "shape", None)
     if s is None:
         return None
@@ -87,14 +90,29 @@ def symbolic_shape(v, symbols: dict[str, tuple[int, object]]) -> tuple[int, ...]
             out.append(int(d))
             continue
         expr = getattr(getattr(d, "node", None), "expr", None) if isinstance(d, torch.SymInt) else None
-        if expr is not None and getattr(expr, "is_Integer", False):  # a SymInt that is a constant (make_fx)
+        if expr is None:
+            return None
+        if getattr(expr, "is_Integer", False):  # a SymInt that is a constant (make_fx)
             out.append(int(expr))
             continue
-        sym = symbols.get(str(expr)) if expr is not None and getattr(expr, "is_Symbol", False) else None
+        sym = symbols.get(str(expr))
+        if sym is None and not expr.is_Symbol and _computable(expr, symbols):
+            sym = symbols[str(expr)] = (SYMBOLIC_MIN + (len(symbols) + 1) * _SYMBOLIC_STEP, expr)
         if sym is None:
             return None
         out.append(sym[0])
     return tuple(out)
+
+
+def _computable(expr, symbols) -> bool:
+    """Whether `expr` is ints and placeholder symbols under +, * and // (what to_fx emits)."""
+    from torch.utils._sympy.functions import FloorDiv
+
+    if expr.is_Integer:
+        return True
+    if expr.is_Symbol:
+        return str(expr) in symbols
+    return (expr.is_Add or expr.is_Mul or expr.func is FloorDiv) and all(_computable(a, symbols) for a in expr.args)
 
 
 def check_inputs(gm: fx.GraphModule, example_inputs) -> list:

@@ -47,7 +47,8 @@ class _Raiser:
         self.choice: dict[str, str] = {}
         self.graph = fx.Graph()
         self.env: dict[str, object] = {}
-        self.sizes: dict[int, fx.Node] = {}  # sentinel size -> its sym_size node (symbol())
+        self.sizes: dict[int, fx.Node] = {}  # sentinel size -> the node computing it (symbol())
+        self.by_size = {size: source for size, source in lowered.symbols.values()}
         self.leaf_nodes: dict[str, fx.Node] = {}
         self.new_nodes: list[fx.Node] = []
         for n in lowered.gm.graph.nodes:  # placeholders first, in order, even if unused
@@ -83,19 +84,35 @@ class _Raiser:
         return self.env[cls]
 
     def symbol(self, size: int) -> fx.Node:
-        """The SymInt placeholder a sentinel size stands for, or the size of the input tensor
-        that holds it, read once (shapes.py, "Symbolic sizes")."""
-        source = self.lw.symbols.get(size)
+        """The value a sentinel size stands for (shapes.py, "Symbolic sizes"): its SymInt
+        placeholder, or the size of the input tensor that holds it, or an expression of those;
+        each computed once."""
+        if size in self.sizes:
+            return self.sizes[size]
+        source = self.by_size.get(size)
         if source is None:
             raise RuntimeError(f"to_fx: size {size} was computed from a symbolic size; "
                                "only a symbolic size passed through as it is can be raised")
         if isinstance(source, str):
-            return self.leaf(source)
-        if size not in self.sizes:
-            name, dim = source
-            self.sizes[size] = self.graph.create_node(
-                "call_function", torch.ops.aten.sym_size.int, (self.leaf(name), dim))
-        return self.sizes[size]
+            node = self.leaf(source)
+        elif isinstance(source, tuple):
+            node = self.graph.create_node("call_function", torch.ops.aten.sym_size.int, (self.leaf(source[0]), source[1]))
+        else:
+            node = self.size_expr(source)
+        self.sizes[size] = node
+        return node
+
+    def size_expr(self, expr):
+        """FX nodes computing a sympy expression of ints and symbols by +, * and //."""
+        if expr.is_Integer:
+            return int(expr)
+        if expr.is_Symbol:
+            return self.symbol(self.lw.symbols[str(expr)][0])
+        op = operator.add if expr.is_Add else operator.mul if expr.is_Mul else operator.floordiv
+        out, *rest = (self.size_expr(a) for a in expr.args)
+        for a in rest:
+            out = self.graph.create_node("call_function", op, (out, a))
+        return out
 
     def deps(self, cls: str) -> list[str]:
         out = []
