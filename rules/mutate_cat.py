@@ -1,6 +1,6 @@
 """mutate_cat family: a cat of adjacent narrows of one tensor, in order and on their dim, is one narrow;
 inside a longer cat, each such run is one narrow operand."""
-from egglog import Vec, eq, i64, rule, ruleset, set_
+from egglog import Vec, eq, i64, ne, rule, ruleset, set_
 
 from optimus_egg.dsl import rw
 from optimus_egg.sorts import (
@@ -21,6 +21,7 @@ def _(x: Tensor, xs: Vec[Tensor], ys: Vec[Tensor], h: Tensor, d: i64, i: i64, a:
     # mirrors: merge_getitem_cat_pass (the last cat operand is a slice on the cat dim)
     yield rule(eq(cat(xs, d)).to(cat(xs, d)), eq(n).to(xs.length()), n > 0,  # guard: a non-empty cat
                eq(xs[n - 1]).to(narrow(x, d, a, m)),                      # guard: shared `d`: on the cat dim
+               ne(x).to(cat(xs, d)),                                       # guard: not a slice of this cat itself
                name="narrow-run-last").then(narrow_run(xs, x, d, n - 1, a, a + m))
 
     # mirrors: merge_getitem_cat_pass (the operand before a run is the slice that ends where it starts)
@@ -50,6 +51,7 @@ def _(x: Tensor, xs: Vec[Tensor], ys: Vec[Tensor], h: Tensor, d: i64, i: i64, a:
                eq(h).to(narrow(x, d, b, k)),                   # guard: shared `d`: the merged rest opens with a slice
                eq(xs[i - 1]).to(narrow(x, d, a, m)),           # guard: shared `x`, `d`: this operand slices the same x
                eq(a + m).to(b),                                # guard: it ends where the next one starts
+               ne(x).to(cat(xs, d)),                           # guard: not a slice of this cat itself
                name="narrow-merge-join").then(
         narrow_merge(xs, d, i - 1, ys.set(i - 1, narrow(x, d, a, m + k)).remove(i), narrow(x, d, a, m + k)),
         set_(narrow_merge_len(xs, d, i - 1)).to(ys.length() - 1))

@@ -337,6 +337,7 @@ class _Lowerer:
         self.uses: dict[int, tuple[str, ...]] = {}  # fact index -> the variables it reads
         self.reading: list[str] = []            # variables read by the node being lowered
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}  # symbolic sizes as sentinels (shapes.py)
+        self.cats: dict[fx.Node, tuple[int, list[fx.Node]]] = {}  # cat -> (dim, operands)
         self.symbols = size_symbols(gm)
         self.shape_seeded: set[fx.Node] = set()  # values whose shape fact is seeded (see sliced)
         self.effects = _ordered_effects(gm.graph, self.modules, mutated)
@@ -460,6 +461,15 @@ class _Lowerer:
         if a not in self.shape_seeded:
             self.shape_seeded.add(a)
             self.facts.append(_app("set", _app("shape", e), _vec(self.shapes[a])))
+            if a in self.cats:  # where each operand lies (merge_splits' narrow-of-cat-operand)
+                d, xs = self.cats[a]
+                start = 0
+                for y in xs:
+                    shp = self.shapes.get(y, ())
+                    if len(shp) <= d or shp[d] >= SYMBOLIC_MIN:
+                        break  # the operands after one of unknown length have no known place
+                    self.facts.append(_app("cat_operand", e, d, start, shp[d], self.operand(y)))
+                    start += shp[d]
         return e
 
     def arg(self, n: fx.Node, i: int, name: str, default=None):
@@ -523,6 +533,8 @@ class _Lowerer:
             d = self.dim(n, d, xs[0], extra) if xs else d
             if d is None:
                 return None
+            if key in _CAT:
+                self.cats[n] = (d, list(xs))
             return _app("stack" if key in _STACK else "cat", _vec(self.operand(a) for a in xs), d)
         if key in _SPLIT or key in _CHUNK:
             return self.make_split(n, key in _CHUNK)

@@ -164,6 +164,12 @@ def split_starts(sizes: Vec[i64]) -> Vec[i64]:
     """Where each piece of a split by `sizes` starts: [sum(sizes[:i]) for each i] (seeded by from_fx)."""
 
 
+@function(egg_fn="cat_operand")
+def cat_operand(x: Tensor, d: i64Like, start: i64Like, length: i64Like, y: Tensor) -> Unit:
+    """y is the operand of the cat x that covers [start, start + length) of its dim d (seeded by
+    from_fx for a cat that is split or sliced)."""
+
+
 @function(egg_fn="narrow_run")
 def narrow_run(xs: Vec[Tensor], x: Tensor, d: i64Like, i: i64Like, start: i64Like, end: i64Like) -> Unit:
     """xs[i:] are adjacent narrows of x on dim d, in order, covering [start, end) of that dim."""
@@ -209,7 +215,7 @@ CHECK_FACTS = frozenset({"last_operand", "pieces_probe", "pieces_span"})
 
 
 __all__ = [
-    "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "even_split", "flatten", "movedim", "unflatten", "f64",
+    "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "cat_operand", "even_split", "flatten", "movedim", "unflatten", "f64",
     "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "node", "pieces_from",
     "pieces_probe", "pieces_span", "last_operand",
     "pointwise_slot", "shape", "split", "stack", "unbind", "binary_slot", "narrow", "narrow_merge", "narrow_merge_len", "narrow_run",
@@ -220,4 +226,4 @@ __all__ = [
 DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
             linear, layer_norm, cat, stack, split, unbind, movedim, flatten, unflatten, even_split, batched_linear, batched_layer_norm,
             shape, node, group_vec, linear_slot, linear_lhs_slot, layer_norm_slot, pointwise_slot, pieces_from, pieces_probe, pieces_span, last_operand,
-            Tensor.binary, binary_slot, narrow, squeeze, split_starts, narrow_run, reshape]
+            Tensor.binary, binary_slot, narrow, squeeze, split_starts, narrow_run, reshape, cat_operand]

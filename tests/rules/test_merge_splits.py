@@ -77,3 +77,34 @@ def test_narrow_whole_needs_whole_dim():
 
     _, report = optimize_with(before, merge_splits, torch.randn(3, 4))
     assert not fired(report, "narrow-whole")
+
+
+def test_narrow_of_cat_operand():
+    def before(x, y):
+        z = torch.cat([x.tanh(), y.sigmoid(), x.relu()], dim=1)
+        a, b, c = torch.split(z, [4, 2, 4], dim=1)
+        return a * 2, b + 1, c.sum(1)
+
+    after, report = optimize_with(before, merge_splits, torch.randn(3, 4), torch.randn(3, 2))
+    assert fired(report, "narrow-of-cat-operand")
+    assert calls(after, torch.cat) == 0 and calls(after, torch.split) + calls(after, torch.functional.split) == 0
+
+
+def test_narrow_of_cat_operand_needs_an_operand_window():
+    def before(x, y):
+        z = torch.cat([x.tanh(), y.sigmoid()], dim=1)
+        a, b = torch.split(z, [3, 3], dim=1)  # the first piece ends inside the first operand
+        return a * 2, b + 1
+
+    _, report = optimize_with(before, merge_splits, torch.randn(3, 4), torch.randn(3, 2))
+    assert not fired(report, "narrow-of-cat-operand")
+
+
+def test_narrow_of_cat_operand_needs_the_cat_dim():
+    def before(x, y):
+        z = torch.cat([x.tanh(), y.sigmoid()], dim=0)
+        a, b = torch.split(z, [4, 4], dim=1)  # operands stacked on dim 0, pieces cut on dim 1
+        return a * 2, b + 1
+
+    _, report = optimize_with(before, merge_splits, torch.randn(3, 8), torch.randn(2, 8))
+    assert not fired(report, "narrow-of-cat-operand")

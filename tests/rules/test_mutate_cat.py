@@ -255,3 +255,17 @@ def test_narrow_merge_join_getitem_slices_needs_cat_dim():
     after, report = optimize_with(before, mutate_cat, torch.randn(2, 1), torch.randn(4, 3))
     assert not fired(report, "narrow-merge-join")
     assert _cat_sizes(after) == [3]
+
+
+def test_narrow_run_last_skips_a_slice_of_the_cat_itself():
+    """Split back into its operands (merge_splits' narrow-of-cat-operand), each operand of z is
+    also a slice of z: merging those slices would only rebuild z, operand by operand."""
+
+    def before(x, y):
+        z = torch.cat([x.tanh(), y.sigmoid()], dim=1)
+        a, b = torch.split(z, [4, 2], dim=1)
+        return a * 2, b + 1, z
+
+    _, report = optimize_with(before, (mutate_cat, merge_splits), torch.randn(3, 4), torch.randn(3, 2))
+    assert fired(report, "narrow-of-cat-operand")
+    assert not fired(report, "narrow-run-last") and not fired(report, "narrow-merge-join")
