@@ -131,27 +131,28 @@ def test_symbolic_shapes_map_to_sentinels():
     assert symbolic_shape(torch.empty(2, 3), symbols) == (2, 3)
 
 
-def test_backend_trains_at_two_batch_sizes(monkeypatch):
-    """torch.compile's recompile at a second batch size (a symbolic batch) is optimized too,
-    and values and gradients match eager at a third size."""
+def train_through_backend(monkeypatch, model_cls, xs):
+    """Train model_cls through torch.compile(backend="optimus_egg") on each input of xs (all
+    but the first with every dim but the last marked dynamic: the recompile has them symbolic),
+    with values and parameter gradients equal to eager's. Returns (number of size symbols,
+    report) per graph optimized."""
     from optimus_egg import pipeline
 
     reports, real = [], pipeline.optimize
 
     def spy(gm, *a, **k):
         out = real(gm, *a, **k)
-        reports.append((bool(size_symbols(gm)), out.meta["optimus_egg"]))
+        reports.append((len(size_symbols(gm)), out.meta["optimus_egg"]))
         return out
 
     monkeypatch.setattr(pipeline, "optimize", spy)
     torch.manual_seed(0)
-    model, ref = Parallel(), Parallel()
+    model, ref = model_cls(), model_cls()
     ref.load_state_dict(model.state_dict())
     compiled = torch.compile(model, backend="optimus_egg")
-    for b in (8, 6, 11):
-        x = torch.randn(b, 96)
-        if b != 8:
-            torch._dynamo.maybe_mark_dynamic(x, 0)
+    for k, x in enumerate(xs):
+        for d in range(x.dim() - 1) if k else ():
+            torch._dynamo.maybe_mark_dynamic(x, d)
         model.zero_grad()
         ref.zero_grad()
         out = compiled(x)
@@ -160,7 +161,14 @@ def test_backend_trains_at_two_batch_sizes(monkeypatch):
         ref(x).square().sum().backward()
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
-    symbolic = [r for dyn, r in reports if dyn]
+    return reports
+
+
+def test_backend_trains_at_two_batch_sizes(monkeypatch):
+    """torch.compile's recompile at a second batch size (a symbolic batch) is optimized too,
+    and values and gradients match eager at a third size."""
+    reports = train_through_backend(monkeypatch, Parallel, [torch.randn(b, 96) for b in (8, 6, 11)])
+    symbolic = [r for n, r in reports if n]
     assert symbolic and all(r.changed and r.matches.get("batch-linear", 0) >= 6 for r in symbolic), reports
 
 
@@ -292,32 +300,6 @@ def test_constant_symint_sizes_are_static():
 def test_backend_trains_flattened_rows_at_three_sizes(monkeypatch):
     """Through torch.compile with b and l symbolic: the l*b rows are batched, and values and
     gradients match eager at every (b, l)."""
-    from optimus_egg import pipeline
-
-    reports, real = [], pipeline.optimize
-
-    def spy(gm, *a, **k):
-        out = real(gm, *a, **k)
-        reports.append((len(size_symbols(gm)), out.meta["optimus_egg"]))
-        return out
-
-    monkeypatch.setattr(pipeline, "optimize", spy)
-    torch.manual_seed(0)
-    model, ref = Tokens(), Tokens()
-    ref.load_state_dict(model.state_dict())
-    compiled = torch.compile(model, backend="optimus_egg")
-    for k, (b, l) in enumerate([(4, 6), (3, 5), (2, 7)]):
-        x = torch.randn(b, l, 64)
-        if k:
-            torch._dynamo.maybe_mark_dynamic(x, 0)
-            torch._dynamo.maybe_mark_dynamic(x, 1)
-        model.zero_grad()
-        ref.zero_grad()
-        out = compiled(x)
-        torch.testing.assert_close(out, ref(x), rtol=1e-4, atol=1e-5)
-        out.square().sum().backward()
-        ref(x).square().sum().backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
+    reports = train_through_backend(monkeypatch, Tokens, [torch.randn(b, l, 64) for b, l in [(4, 6), (3, 5), (2, 7)]])
     symbolic = [r for n, r in reports if n == 2]
     assert symbolic and all(r.matches.get("batch-linear", 0) >= 4 for r in symbolic), reports
