@@ -55,8 +55,11 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def dynamic_graph(model, sizes=(8, 6)):
-    """The graph Dynamo hands a backend on the second batch size: the batch is symbolic."""
+def dynamic_graph(model, xs=None):
+    """The graph Dynamo hands a backend on the second input, with every dim but the last marked
+    dynamic (what the recompile would do anyway, whatever Dynamo's profile of earlier runs
+    says): those sizes are symbolic. By default batches of 8 and 6 rows."""
+    xs = xs if xs is not None else [torch.randn(b, model.n * model.d) for b in (8, 6)]
     graphs = []
 
     def grab(gm, inputs):
@@ -65,13 +68,12 @@ def dynamic_graph(model, sizes=(8, 6)):
 
     compiled = torch.compile(model, backend=grab)
     with torch.no_grad():
-        for k, b in enumerate(sizes):
-            x = torch.randn(b, model.n * model.d)
-            if k:  # what the recompile would do anyway, whatever Dynamo's profile of earlier runs says
-                torch._dynamo.maybe_mark_dynamic(x, 0)
+        for k, x in enumerate(xs):
+            for d in range(x.dim() - 1) if k else ():
+                torch._dynamo.maybe_mark_dynamic(x, d)
             compiled(x)
     gm, inputs = graphs[-1]
-    assert size_symbols(gm), "Dynamo did not make the batch size symbolic"
+    assert len(size_symbols(gm)) == xs[-1].dim() - 1, "Dynamo did not make every size but the last symbolic"
     return gm, inputs
 
 
@@ -192,23 +194,7 @@ class Tokens(nn.Module):
 
 
 def rows_graph(model):
-    graphs = []
-
-    def grab(gm, inputs):
-        graphs.append((gm, list(inputs)))
-        return gm.forward
-
-    compiled = torch.compile(model, backend=grab)
-    with torch.no_grad():
-        for k, (b, l) in enumerate([(4, 6), (3, 5)]):
-            x = torch.randn(b, l, model.n * model.d)
-            if k:
-                torch._dynamo.maybe_mark_dynamic(x, 0)
-                torch._dynamo.maybe_mark_dynamic(x, 1)
-            compiled(x)
-    gm, inputs = graphs[-1]
-    assert len(size_symbols(gm)) == 2, "Dynamo did not make both sizes symbolic"
-    return gm, inputs
+    return dynamic_graph(model, [torch.randn(b, l, model.n * model.d) for b, l in [(4, 6), (3, 5)]])
 
 
 def test_expression_of_symbols_is_batched_and_right_at_every_size():
