@@ -111,6 +111,12 @@ def test_not_a_graph_module_is_a_type_error():
         optimus_egg.optimize(nn.Linear(2, 2), [torch.randn(1, 2)])
 
 
+def test_an_exported_program_is_a_type_error_naming_its_module():
+    ep = torch.export.export(nn.Linear(2, 2), (torch.randn(1, 2),))
+    with pytest.raises(TypeError, match=r"ExportedProgram; pass its graph module, ep.module\(\)"):
+        optimus_egg.optimize(ep, [torch.randn(1, 2)])
+
+
 def test_example_inputs_must_be_a_sequence(mlp):
     gm, inputs = mlp
     with pytest.raises(TypeError, match="example_inputs"):

@@ -69,8 +69,9 @@ class Report:
 
 def _check_args(gm, example_inputs, budget_s, disable) -> None:
     if not isinstance(gm, fx.GraphModule):
-        raise TypeError(f"optimize expects a torch.fx.GraphModule, got {type(gm).__name__}; "
-                        "trace a module first with torch.fx.symbolic_trace(model)")
+        hint = ("pass its graph module, ep.module()" if isinstance(gm, torch.export.ExportedProgram)
+                else "trace a module first with torch.fx.symbolic_trace(model)")
+        raise TypeError(f"optimize expects a torch.fx.GraphModule, got {type(gm).__name__}; {hint}")
     if not isinstance(example_inputs, (list, tuple)):
         raise TypeError(f"example_inputs must be a list or tuple of tensors, got {type(example_inputs).__name__}")
     if isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real):
