@@ -289,3 +289,28 @@ def test_backend_trains_flattened_rows_at_three_sizes(monkeypatch):
     reports = train_through_backend(monkeypatch, Tokens, [torch.randn(b, l, 64) for b, l in [(4, 6), (3, 5), (2, 7)]])
     symbolic = [r for n, r in reports if n == 2]
     assert symbolic and all(r.matches.get("batch-linear", 0) >= 4 for r in symbolic), reports
+
+
+def test_backend_with_dynamic_true(monkeypatch):
+    """torch.compile(dynamic=True): Dynamo first lifts LayerNorm's eps to a tensor input, Inductor
+    then restarts the capture with the floats specialized; the graph that is kept is batched and
+    holds at every batch size."""
+    from optimus_egg import pipeline
+
+    reports, real = [], pipeline.optimize
+
+    def spy(gm, *a, **k):
+        out = real(gm, *a, **k)
+        reports.append(out.meta["optimus_egg"])
+        return out
+
+    monkeypatch.setattr(pipeline, "optimize", spy)
+    torch.manual_seed(0)
+    model = Parallel().eval()
+    compiled = torch.compile(model, backend="optimus_egg", dynamic=True)
+    with torch.no_grad():
+        for b in (8, 5, 13):
+            x = torch.randn(b, 96)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    last = reports[-1]
+    assert last.matches.get("batch-linear", 0) >= 6 and last.matches.get("batch-layernorm", 0) >= 6, reports
