@@ -37,12 +37,17 @@ def rows(x: torch.Tensor, n: int) -> torch.Tensor:
     return x
 
 
+def batches(ex) -> list[tuple]:
+    """The example inputs at the batch sizes b, b/2 and b/4 + 1."""
+    b = ex[0].shape[0]
+    return [tuple(ex), *(tuple(rows(x, n) for x in ex) for n in (b // 2, b // 4 + 1))]
+
+
 def through_backend(name: str):
     """(graphs the backend compiled, the last one, optimized, its inputs, values match at b, b/2, b/4 + 1)."""
     model, ex = build(name)
     model.eval()
-    b = ex[0].shape[0]
-    sizes = [ex, *(tuple(rows(x, n) for x in ex) for n in (b // 2, b // 4 + 1))]
+    sizes = batches(ex)
     seen = []
     real = pipeline_module.optimize
 
@@ -69,13 +74,11 @@ def exported(name: str):
 
     model, ex = build(name)
     model.eval()
-    b = ex[0].shape[0]
     batch = Dim("batch", min=2)
     gm = export(model, tuple(ex), dynamic_shapes=tuple({0: batch} if x.is_floating_point() else None for x in ex)).module()
     out = optimus_egg.optimize(gm, list(ex), budget_s=1.0)
     with torch.no_grad():
-        match = [measure.values_match(out(*s), model(*s))
-                 for s in (ex, *(tuple(x[:n] if x.is_floating_point() else x for x in ex) for n in (b // 2, b // 4 + 1)))]
+        match = [measure.values_match(out(*s), model(*s)) for s in batches(ex)]
     return 1, gm, out, list(ex), match
 
 

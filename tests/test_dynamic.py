@@ -280,6 +280,7 @@ def test_constant_symint_sizes_are_static():
     """make_fx's parameters have SymInt sizes that are constants: they are plain sizes."""
     gm, _ = make_fx_graph(Parallel().eval())
     w = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    assert all(isinstance(d, torch.SymInt) for d in w.meta["val"].shape)  # the case this is about
     assert symbolic_shape(w.meta["val"], {}) == (16, 16)
 
 

@@ -45,6 +45,11 @@ SYMBOLIC_MIN = 2**31
 _SYMBOLIC_STEP = 2**21
 
 
+def _sentinel(k: int) -> int:
+    """The sentinel of the k-th symbolic size (k from 0)."""
+    return SYMBOLIC_MIN + (k + 1) * _SYMBOLIC_STEP
+
+
 def size_symbols(gm: fx.GraphModule) -> dict[str, tuple[int, str | tuple[str, int]]]:
     """symbol name -> (sentinel, source) for each plain symbol among the sizes of `gm`'s
     placeholders. The source is a SymInt placeholder's name where there is one (Dynamo lifts
@@ -62,7 +67,7 @@ def size_symbols(gm: fx.GraphModule) -> dict[str, tuple[int, str | tuple[str, in
     for v, source in lifted + dims:
         expr = getattr(v.node, "expr", None)
         if expr is not None and getattr(expr, "is_Symbol", False) and str(expr) not in out:
-            out[str(expr)] = (SYMBOLIC_MIN + (len(out) + 1) * _SYMBOLIC_STEP, source)
+            out[str(expr)] = (_sentinel(len(out)), source)
     return out
 
 
@@ -97,7 +102,7 @@ def symbolic_shape(v, symbols: dict[str, tuple[int, object]]) -> tuple[int, ...]
             continue
         sym = symbols.get(str(expr))
         if sym is None and not expr.is_Symbol and _computable(expr, symbols):
-            sym = symbols[str(expr)] = (SYMBOLIC_MIN + (len(symbols) + 1) * _SYMBOLIC_STEP, expr)
+            sym = symbols[str(expr)] = (_sentinel(len(symbols)), expr)
         if sym is None:
             return None
         out.append(sym[0])
