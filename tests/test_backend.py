@@ -154,11 +154,12 @@ def test_backend_leaves_out_the_pointwise_post_grad_batching_but_mul():
     from optimus_egg.baselines import (
         EGG_POST_GRAD,
         OPTIMUS_POST_GRAD,
+        SAME_DTYPE_BATCH_LINEAR,
         post_grad_patches,
     )
 
     assert "batch_aten_add" not in EGG_POST_GRAD and "batch_aten_mul" in EGG_POST_GRAD
-    assert set(EGG_POST_GRAD) < set(OPTIMUS_POST_GRAD)
+    assert set(EGG_POST_GRAD) - {SAME_DTYPE_BATCH_LINEAR} < set(OPTIMUS_POST_GRAD)
 
     def ran_with(backend):
         counters.clear()
@@ -182,4 +183,44 @@ def test_backend_leaves_out_the_pointwise_post_grad_batching_but_mul():
 
     assert "batch_aten_add" in ran_with(every_pass)
     ran = ran_with(optimus_egg.backend(budget_s=2.0))
-    assert ran <= set(EGG_POST_GRAD) and {"batch_linear_post_grad", "batch_aten_mul"} <= ran, ran
+    # SAME_DTYPE_BATCH_LINEAR counts its groups under batch_linear_post_grad, as the pass it refines
+    assert ran <= set(EGG_POST_GRAD) | {"batch_linear_post_grad"}, ran
+    assert {"batch_linear_post_grad", "batch_aten_mul"} <= ran, ran
+
+
+class TwoDtypes(nn.Module):
+    """An fp64 and two fp32 linears of one size, at different depths (optimus_egg batches none
+    of them) and independent: PyTorch's post-grad pass batches their GEMMs."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.wide = nn.Linear(d, d).double()
+        self.narrow = nn.ModuleList(nn.Linear(d, d) for _ in range(2))
+
+    def forward(self, x):
+        return self.wide(x.double()).float() + self.narrow[0](x) * self.narrow[1](torch.relu(x))
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_backend_batches_post_grad_gemms_of_one_dtype_only(training):
+    """torch 2.13's batch_linear_post_grad stacks an fp64 and an fp32 GEMM of one size into one
+    fp64 bmm (the result comes back fp64); the backend's copy keys its groups by dtype too."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    torch.manual_seed(0)
+    m, x = TwoDtypes(), torch.randn(4, 8)
+    ref = TwoDtypes()
+    ref.load_state_dict(m.state_dict())
+    with torch.set_grad_enabled(training):
+        out = torch.compile(m, backend=optimus_egg.backend(budget_s=2.0))(x)
+        expected = ref(x)
+    assert counters["inductor"]["batch_linear_post_grad"] > 0, dict(counters["inductor"])
+    assert out.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    if training:
+        out.sum().backward()
+        expected.sum().backward()
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            assert p.grad.dtype == q.grad.dtype, name
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s, n=name: f"{n}: {s}")

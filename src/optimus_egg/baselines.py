@@ -48,6 +48,7 @@ __all__ = [
     "OPTIMUS_PRE_GRAD",
     "OPTIMUS_POST_GRAD",
     "EGG_POST_GRAD",
+    "SAME_DTYPE_BATCH_LINEAR",
     "verify_options",
     "capture",
     "prepare",
@@ -115,15 +116,38 @@ OPTIMUS_POST_GRAD: dict[str, dict[str, Any]] = {
 }
 
 
+# torch 2.13's batch_linear_post_grad groups mm / addmm nodes by their sizes alone: an fp64
+# and an fp32 GEMM of one size are stacked into one fp64 bmm, and the fp32 result comes out
+# fp64 (devices are not compared either). SAME_DTYPE_BATCH_LINEAR is the same pass with each
+# operand's dtype and device in the group key; the optimus_egg backend runs it instead.
+SAME_DTYPE_BATCH_LINEAR = "batch_linear_post_grad_same_dtype"
+
 # The post-grad passes the optimus_egg backend (and the bench's optimus_egg and greedy-rules
 # arms) compile with: OPTIMUS_POST_GRAD without the pointwise batching other than products.
 # The left-out batch_aten_* stack operands that Inductor then copies: on CPU, training step
 # time and on wukong a launch; batch_aten_mul saves hstu one. Measurements: README, Design
 # ("The backward is left to PyTorch's post-grad passes").
 EGG_POST_GRAD: dict[str, dict[str, Any]] = {
-    k: v for k, v in OPTIMUS_POST_GRAD.items()
+    (SAME_DTYPE_BATCH_LINEAR if k == "batch_linear_post_grad" else k): v for k, v in OPTIMUS_POST_GRAD.items()
     if not k.startswith("batch_aten_") or k == "batch_aten_mul"
 }
+
+
+def _register_same_dtype_batch_linear() -> None:
+    """Register SAME_DTYPE_BATCH_LINEAR with Inductor's post-grad fusions (once)."""
+    from torch._inductor.fx_passes import group_batch_fusion as gbf
+
+    if SAME_DTYPE_BATCH_LINEAR in gbf.POST_GRAD_FUSIONS:
+        return
+
+    @gbf.register_fusion(SAME_DTYPE_BATCH_LINEAR, pre_grad=False)
+    class SameDtypeBatchLinear(gbf.PostGradBatchLinearFusion):
+        def match(self, node: fx.Node):
+            key = super().match(node)
+            if key is None:
+                return None
+            vals = [a.meta["val"] for a in node.args if isinstance(a, fx.Node)]
+            return (*key, *((str(v.dtype), str(v.device)) for v in vals))
 
 
 def verify_options(
@@ -136,6 +160,7 @@ def verify_options(
     )
     from torch._inductor.fx_passes.split_cat import POST_GRAD_PATTERNS, PRE_GRAD_PATTERNS
 
+    _register_same_dtype_batch_linear()
     pre_grad = OPTIMUS_PRE_GRAD if pre_grad is None else pre_grad
     post_grad = OPTIMUS_POST_GRAD if post_grad is None else post_grad
     unknown = [k for k in pre_grad if k not in PRE_GRAD_FUSIONS and k not in PRE_GRAD_PATTERNS]
