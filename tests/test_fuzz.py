@@ -61,6 +61,15 @@ INDUCTOR_EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_INDUCTOR_EXAMPLES", "8"
 DERANDOMIZE = not os.environ.get("OPTIMUS_EGG_FUZZ_RANDOM")
 
 
+# Blocks a program may run some steps in (Dynamo: state-change nodes; optimize cuts the graph
+# there, stretches.py). The Dynamo test runs under no_grad, so enable_grad changes the mode.
+# (No inference_mode: an in-place step after it writes an inference tensor, which eager rejects.)
+BLOCKS = {
+    "enable_grad": torch.enable_grad,
+    "autocast_off": lambda: torch.autocast("cpu", enabled=False),
+}
+
+
 @torch.fx.wrap
 def opaque_mix(x):
     """A custom function symbolic_trace keeps as one call the optimizer knows nothing about."""
@@ -190,6 +199,8 @@ def programs(draw):
                                        "view_unbind", "reshape_unbind_neg", "cat_rows"])),
         "out": draw(st.sampled_from(["cat", "stack", "tuple", "sum"])),
         "tap": draw(st.none() | st.tuples(st.integers(0, 7), st.sampled_from(parts))),
+        # steps [first, first + count) inside a block that Dynamo records as state changes
+        "block": draw(st.none() | st.tuples(st.integers(0, 7), st.integers(1, 3), st.sampled_from(sorted(BLOCKS)))),
         "special": draw(st.booleans()),   # inf / nan entries in the input
         "dtype": draw(st.sampled_from([torch.float32, torch.float64])),
         "seed": draw(st.integers(0, 2**16)),
@@ -451,11 +462,15 @@ class Program(nn.Module):
         n = self.prog["n"]
         ps = self.split_input(x)
         taps = []
-        tap = self.prog["tap"]
-        for k, s in enumerate(self.prog["steps"]):
-            ps = self.step(k, s, ps)
-            if tap is not None and tap[0] == k:
-                taps.append(ps[tap[1]])
+        steps = list(enumerate(self.prog["steps"]))
+        first, count, kind = self.prog["block"] or (len(steps), 0, "enable_grad")
+        for k, s in steps[:first]:
+            ps = self.tapped(k, s, ps, taps)
+        with BLOCKS[kind]():
+            for k, s in steps[first:first + count]:
+                ps = self.tapped(k, s, ps, taps)
+        for k, s in steps[first + count:]:
+            ps = self.tapped(k, s, ps, taps)
         out = self.prog["out"]
         if out == "cat":
             y = torch.cat([ps[i] for i in range(n)], dim=1)
@@ -468,6 +483,14 @@ class Program(nn.Module):
         else:
             return (*[ps[i] for i in range(n)], *taps)
         return (y, *taps) if taps else y
+
+
+    def tapped(self, k, s, ps, taps):
+        ps = self.step(k, s, ps)
+        tap = self.prog["tap"]
+        if tap is not None and tap[0] == k:
+            taps.append(ps[tap[1]])
+        return ps
 
 
 def make_input(prog):
@@ -560,6 +583,8 @@ def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
     for gm, inputs in captured:
         note(f"graph:\n{gm.code}")
         out = optimize_strict(gm, inputs)
+        if out.meta["optimus_egg"].stretches > 1:
+            event(f"cut into stretches ({prog['block'][2]})")
         # A symbolic size input runs as its value (a SymInt cannot size a real tensor).
         inputs = [int(v) if isinstance(v, torch.SymInt) else v for v in inputs]
         torch.testing.assert_close(run_all(out, inputs), run_all(gm, inputs),
@@ -725,7 +750,7 @@ def test_random_graph_trains_to_same_grads(prog):
 # ---- the newer vocabulary reaches its rules -------------------------------------------------------
 
 def _prog(steps, n=3, d=4, b=2, split="split", out="cat", **kw):
-    return {"n": n, "d": d, "b": b, "steps": tuple(steps), "split": split, "out": out, "tap": None,
+    return {"n": n, "d": d, "b": b, "steps": tuple(steps), "split": split, "out": out, "tap": None, "block": None,
             "special": False, "dtype": torch.float32, "seed": 7, **kw}
 
 

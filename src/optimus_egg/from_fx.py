@@ -153,9 +153,18 @@ _VIEW_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpos
 _MAY_ALIAS = {"to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool",
               "cpu", "cuda", "expand_as", "swapaxes", "swapdims", "view_as_real", "view_as_complex"}
 _VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}  # x.T traces as getattr(x, "T")
-# Calls that set global state for the nodes after them (Dynamo's `with torch.no_grad()`):
-# the e-graph keeps no order that could hold the nodes inside such a region.
-_GLOBAL_STATE = {"_set_grad_enabled", "_enter_autocast", "_exit_autocast"}
+# Calls that set global state for the nodes after them (Dynamo's `with torch.no_grad()`,
+# `torch.autocast`, `torch.inference_mode`, ...): the e-graph keeps no order that could hold
+# the nodes inside such a region, so optimize() cuts the graph at them (stretches.py).
+GLOBAL_STATE = {"_set_grad_enabled", "_enter_autocast", "_exit_autocast", "_enter_inference_mode",
+                "_exit_inference_mode", "_set_fwd_grad_enabled", "_saved_tensors_hooks_disable",
+                "_saved_tensors_hooks_enable", "_sdpa_kernel"}
+# Calls that open or close a functorch transform (vmap, grad, jvp) traced inline: nodes
+# between them see batched or dual tensors; such a graph is not lowered at all.
+_TRANSFORMS = {"_vmap_increment_nesting", "_vmap_decrement_nesting", "_grad_increment_nesting",
+               "_grad_decrement_nesting", "_jvp_increment_nesting", "_jvp_decrement_nesting",
+               "_enter_dual_level", "_exit_dual_level", "push_dynamic_layer_stack",
+               "pop_dynamic_layer_stack", "set_inplace_requires_grad_allowed"}
 # Known side-effect-free calls: a template for one of these may be shared (CSE).
 _PURE_NAMES = {
     "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "layer_norm", "add", "sub", "mul",
@@ -382,8 +391,6 @@ class _Lowerer:
         shp = symbolic_shape(v, self.symbols) if not self.symbols or _meta_value(n) is not None else None
         if shp is not None:
             self.shapes[n] = shp
-        if n.op == "call_function" and _name(n.target) in _GLOBAL_STATE:
-            raise Unsupported(f"{n.name} ({_name(n.target)}) changes global state for the nodes after it")
         if n.op in ("placeholder", "get_attr"):
             self.leaves[n.name] = n
             e = _app("input", quote(n.name))
@@ -964,6 +971,10 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
         if n.op == "output":
             out_node = n
             continue
+        if n.op == "call_function" and _name(n.target) in GLOBAL_STATE:  # even a dead one
+            raise Unsupported(f"{n.name} ({_name(n.target)}) changes global state for the nodes after it")
+        if n.op == "call_function" and _name(n.target) in _TRANSFORMS:
+            raise Unsupported(f"{n.name} ({_name(n.target)}) opens or closes a functorch transform")
         if n not in live and n.op != "placeholder":
             continue  # dead: to_fx would drop it anyway, and in a batch it would get a gradient
         deps = [prev_effect] if (n in lw.effect_set and prev_effect is not None) else []

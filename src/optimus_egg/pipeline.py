@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from optimus_egg import worker
+from optimus_egg import stretches, worker
 from optimus_egg.extract.fusion_cost import fused_launches
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import Extraction, greedy
@@ -48,6 +48,7 @@ class Report:
     changed: bool = False
     fallback: str | None = None
     hard_stop: bool = False      # the search worker was killed at the hard deadline
+    stretches: int = 1           # graphs optimized: more where grad mode or autocast changes (stretches.py)
 
     def __str__(self) -> str:
         t = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
@@ -62,9 +63,35 @@ class Report:
             f"  rules fired: {fired}",
             f"  time: {t}",
         ]
+        if self.stretches != 1:
+            lines.insert(1, f"  {self.stretches} stretches between grad-mode / autocast changes, each optimized alone")
         if self.fallback:
             lines.append(f"  fallback: {self.fallback}")
         return "\n".join(lines)
+
+    def merge(self, parts: list[Report]) -> None:
+        """Sum the reports of a graph's stretches into this one (stretches.py)."""
+        self.stretches = len(parts)
+        for p in parts:
+            for k, v in p.timings.items():
+                self.timings[k] = self.timings.get(k, 0.0) + v
+            for k, v in p.matches.items():
+                self.matches[k] = self.matches.get(k, 0) + v
+            for k, v in p.groups.items():
+                self.groups[k] = self.groups.get(k, 0) + v
+        self.egraph_nodes = sum(p.egraph_nodes for p in parts)
+        self.egraph_classes = sum(p.egraph_classes for p in parts)
+        self.iterations = sum(p.iterations for p in parts)
+        self.stop_reason = next((p.stop_reason for p in parts if p.stop_reason != "saturated"),
+                                "saturated" if parts else "not_run")
+        self.cost_table = next((p.cost_table for p in parts if p.cost_table), "")
+        self.cost_before = sum(p.cost_before for p in parts)
+        self.cost_after = sum(p.cost_after if p.changed else p.cost_before for p in parts)
+        if all(p.launches_before is not None for p in parts):
+            self.launches_before = sum(p.launches_before for p in parts)
+            self.launches_after = sum(p.launches_after if p.changed else p.launches_before for p in parts)
+        self.changed = any(p.changed for p in parts)
+        self.hard_stop = any(p.hard_stop for p in parts)
 
 
 def _check_args(gm, example_inputs, budget_s, disable) -> None:
@@ -167,6 +194,8 @@ FIRST_ITERATION_S_PER_NODE = 2e-5
 
 
 def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
+    if stretches.has_state_changes(gm):
+        return _by_stretch(gm, inputs, budget_s, disable, limits, report)
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
         report.stop_reason = "budget"  # cost_before stays NaN: the input was not priced
         return gm
@@ -209,6 +238,22 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
         report.launches_after = report.launches_before
         return gm
     report.cost_after, report.changed = ex.cost, True
+    return out
+
+
+def _by_stretch(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
+    """A graph that changes grad mode or autocast: each stretch between changes alone."""
+    parts: list[Report] = []
+
+    def one(stretch: fx.GraphModule, example_values: list, share: float) -> fx.GraphModule:
+        parts.append(Report())
+        try:
+            return _optimize(stretch, example_values, share, disable, limits, parts[-1])
+        except ValueError as e:  # the stretch's example values come from meta, not the caller
+            raise RuntimeError(f"a stretch between grad-mode / autocast changes: {e}") from e
+
+    out = stretches.optimize_stretches(gm, inputs, budget_s, one)
+    report.merge(parts)
     return out
 
 

@@ -1,0 +1,217 @@
+"""Graphs that change grad mode, inference mode or autocast inside the forward: Dynamo records
+`with torch.no_grad():` as `_set_grad_enabled` nodes. optimize() cuts such a graph into
+stretches of fixed state and optimizes each alone (stretches.py); no rewrite may cross a change
+(a linear under no_grad batched with one outside would get a gradient).
+"""
+import contextlib
+import warnings
+
+import pytest
+import torch
+from torch import fx, nn
+
+import optimus_egg
+from optimus_egg.from_fx import Unsupported
+from optimus_egg.stretches import stretches
+
+BLOCKS = {
+    "no_grad": torch.no_grad,
+    "set_grad_enabled": lambda: torch.set_grad_enabled(False),
+    "inference_mode": torch.inference_mode,
+}
+
+
+class TwoBlocks(nn.Module):
+    """Three linears inside a block and three outside, all reading x: one depth, one signature."""
+
+    def __init__(self, block, d=8):
+        super().__init__()
+        self.block = block
+        self.inside = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+        self.outside = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, x):
+        with self.block():
+            a = [torch.tanh(lin(x)) for lin in self.inside]
+        b = [torch.sigmoid(lin(x)) for lin in self.outside]
+        return torch.cat([t.clone() for t in a] + b, 1)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def through_backend(model, *xs, **options):
+    """Run `model` through torch.compile with optimize() as the backend (Inductor left out:
+    the optimized FX graph runs as it is); returns the output and optimize's reports."""
+    reports = []
+
+    def backend(gm, example_inputs):
+        out = optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True, **options)
+        reports.append(out.meta["optimus_egg"])
+        return out
+
+    return torch.compile(model, backend=backend)(*xs), reports
+
+
+def twin(make):
+    torch.manual_seed(0)
+    m = make()
+    ref = make()
+    ref.load_state_dict(m.state_dict())
+    return m, ref
+
+
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_a_block_is_batched_apart_from_the_rest(block):
+    m, ref = twin(lambda: TwoBlocks(BLOCKS[block]))
+    x = torch.randn(4, 8)
+    out, (report,) = through_backend(m, x)
+    assert report.stretches == 2 and report.changed
+    assert report.matches["batch-linear-lhs"] == 6, report.matches  # both groups of three
+    expected = ref(x)
+    torch.testing.assert_close(out, expected)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        if name.startswith("inside"):  # computed without grad: batched with `outside`, they would get one
+            assert p.grad is None and q.grad is None, name
+        else:
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+
+
+class SplitUnderNoGrad(nn.Module):
+    """A split under no_grad and the cat of its pieces after it: they do not cancel (the cat of
+    pieces computed without grad has none; x itself has one)."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(2))
+
+    def forward(self, x):
+        with torch.no_grad():
+            pieces = torch.split(x, 8, 1)
+        y = torch.cat(pieces, 1)
+        return torch.cat([lin(y[:, 8 * i: 8 * i + 8]) for i, lin in enumerate(self.ls)], 1)
+
+
+def test_a_split_and_cat_across_a_block_do_not_cancel():
+    m, ref = twin(SplitUnderNoGrad)
+    x = torch.randn(4, 16, requires_grad=True)
+    out, (report,) = through_backend(m, x)
+    assert report.stretches == 2
+    expected = ref(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    assert x.grad is None  # as in eager: no gradient flows through the no_grad split
+    expected.sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+class Autocast(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(4))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hs = [torch.tanh(lin(x)) for lin in self.ls]
+        return torch.cat([norm(h.float()) for norm, h in zip(self.norms, hs)], 1)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_an_autocast_block_is_batched_in_bf16(training):
+    m, ref = twin(Autocast)
+    m.train(training)
+    ref.train(training)
+    x = torch.randn(8, 16)
+    with torch.set_grad_enabled(training):
+        out, (report,) = through_backend(m, x)
+        expected = ref(x)
+    assert report.stretches == 2 and report.matches["batch-linear-lhs"] == 4, report.matches
+    assert report.matches["batch-layernorm"] == 4, report.matches  # after the block, in fp32
+    assert out.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)  # bf16 GEMMs: one bmm vs four mm
+    if training:
+        out.sum().backward()
+        expected.sum().backward()
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-2, msg=lambda s, n=name: f"{n}: {s}")
+
+
+def test_stretches_are_the_runs_between_state_changes():
+    captured = []
+
+    def grab(gm, example_inputs):
+        captured.append(gm)
+        return gm
+
+    torch.compile(TwoBlocks(torch.no_grad), backend=grab)(torch.randn(4, 8))
+    (gm,) = captured
+    runs = stretches(gm)
+    assert [len(r) for r in runs] == [6, 10]  # 3 x (linear, tanh); 3 x (linear, sigmoid), 3 clones, cat
+    names = [n.name for n in gm.graph.nodes]
+    for r in runs:  # contiguous in graph order
+        assert [n.name for n in r] == names[names.index(r[0].name): names.index(r[-1].name) + 1]
+
+
+def test_a_graph_without_meta_gets_its_stretch_inputs_by_fake_propagation():
+    """A hand-made graph with a grad-mode change and no meta: the stretch after it reads a value
+    from before it, whose example value is propagated (fake) through the whole graph."""
+    torch.manual_seed(0)
+    m = TwoBlocks(contextlib.nullcontext)
+    gm = fx.symbolic_trace(m)
+    first_inside = next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == "inside.0")
+    first_outside = next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == "outside.0")
+    with gm.graph.inserting_before(first_inside):
+        gm.graph.call_function(torch._C._set_grad_enabled, (False,))
+    with gm.graph.inserting_before(first_outside):
+        gm.graph.call_function(torch._C._set_grad_enabled, (True,))
+    gm.recompile()
+    x = torch.randn(4, 8)
+    grad_mode = torch.is_grad_enabled()
+    out = optimus_egg.optimize(gm, [x], 2.0, strict=True)
+    assert torch.is_grad_enabled() == grad_mode  # the fake run of the graph's own changes is undone
+    report = out.meta["optimus_egg"]
+    assert report.stretches == 2 and report.matches["batch-linear-lhs"] == 6, report
+    expected = gm(x)
+    got = out(x)
+    torch.testing.assert_close(got, expected)
+    assert "_set_grad_enabled" in out.code
+
+
+class Vmapped(nn.Module):
+    def __init__(self, d=4):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, x):
+        per_row = torch.func.vmap(lambda r: torch.cat([lin(r) for lin in self.ls]))(x)
+        return per_row + torch.cat([lin(x) for lin in self.ls], 1)
+
+
+def test_a_vmap_traced_inline_is_left_alone_with_a_warning():
+    captured = []
+
+    def grab(gm, example_inputs):
+        captured.append((gm, list(example_inputs)))
+        return gm
+
+    torch.manual_seed(0)
+    m = Vmapped()
+    x = torch.randn(2, 4)
+    torch.compile(m, backend=grab)(x)
+    (gm, inputs), = captured
+    with pytest.raises(Unsupported, match="functorch transform"):
+        optimus_egg.optimize(gm, inputs, strict=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = optimus_egg.optimize(gm, inputs)
+    assert any("functorch transform" in str(w.message) for w in caught)
+    assert not out.meta["optimus_egg"].changed
+    torch.testing.assert_close(out(*inputs), m(x) if isinstance(m(x), tuple) else (m(x),))
