@@ -62,7 +62,7 @@ DERANDOMIZE = not os.environ.get("OPTIMUS_EGG_FUZZ_RANDOM")
 
 
 # Blocks a program may run some steps in (Dynamo: state-change nodes; optimize cuts the graph
-# there, stretches.py). The Dynamo test runs under no_grad, so enable_grad changes the mode.
+# there, parts.py). The Dynamo test runs under no_grad, so enable_grad changes the mode.
 # (No inference_mode: an in-place step after it writes an inference tensor, which eager rejects.)
 BLOCKS = {
     "enable_grad": torch.enable_grad,
@@ -583,7 +583,7 @@ def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
     for gm, inputs in captured:
         note(f"graph:\n{gm.code}")
         out = optimize_strict(gm, inputs)
-        if out.meta["optimus_egg"].stretches > 1:
+        if out.meta["optimus_egg"].parts > 1:
             event(f"cut into stretches ({prog['block'][2]})")
         # A symbolic size input runs as its value (a SymInt cannot size a real tensor).
         inputs = [int(v) if isinstance(v, torch.SymInt) else v for v in inputs]

@@ -155,7 +155,7 @@ _MAY_ALIAS = {"to", "type", "type_as", "float", "double", "half", "bfloat16", "i
 _VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}  # x.T traces as getattr(x, "T")
 # Calls that set global state for the nodes after them (Dynamo's `with torch.no_grad()`,
 # `torch.autocast`, `torch.inference_mode`, ...): the e-graph keeps no order that could hold
-# the nodes inside such a region, so optimize() cuts the graph at them (stretches.py).
+# the nodes inside such a region, so optimize() cuts the graph at them (parts.py).
 GLOBAL_STATE = {"_set_grad_enabled", "_enter_autocast", "_exit_autocast", "_enter_inference_mode",
                 "_exit_inference_mode", "_set_fwd_grad_enabled", "_saved_tensors_hooks_disable",
                 "_saved_tensors_hooks_enable", "_sdpa_kernel"}

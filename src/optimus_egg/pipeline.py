@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from optimus_egg import stretches, worker
+from optimus_egg import parts, worker
 from optimus_egg.extract.fusion_cost import fused_launches
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import Extraction, greedy
@@ -48,7 +48,7 @@ class Report:
     changed: bool = False
     fallback: str | None = None
     hard_stop: bool = False      # the search worker was killed at the hard deadline
-    stretches: int = 1           # graphs optimized: more where grad mode or autocast changes (stretches.py)
+    parts: int = 1               # graphs optimized alone: stretches between state changes, bodies (parts.py)
 
     def __str__(self) -> str:
         t = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
@@ -63,15 +63,16 @@ class Report:
             f"  rules fired: {fired}",
             f"  time: {t}",
         ]
-        if self.stretches != 1:
-            lines.insert(1, f"  {self.stretches} stretches between grad-mode / autocast changes, each optimized alone")
+        if self.parts != 1:
+            lines.insert(1, f"  {self.parts} parts optimized alone (stretches between grad-mode / autocast changes, "
+                            "checkpointed bodies)")
         if self.fallback:
             lines.append(f"  fallback: {self.fallback}")
         return "\n".join(lines)
 
     def merge(self, parts: list[Report]) -> None:
-        """Sum the reports of a graph's stretches into this one (stretches.py)."""
-        self.stretches = len(parts)
+        """Sum the reports of a graph's parts into this one (parts.py)."""
+        self.parts = sum(p.parts for p in parts)
         for p in parts:
             for k, v in p.timings.items():
                 self.timings[k] = self.timings.get(k, 0.0) + v
@@ -193,9 +194,11 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
 FIRST_ITERATION_S_PER_NODE = 2e-5
 
 
-def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
-    if stretches.has_state_changes(gm):
-        return _by_stretch(gm, inputs, budget_s, disable, limits, report)
+def _optimize(gm, inputs, budget_s, disable, limits, report, bodies: bool = True) -> fx.GraphModule:
+    if bodies and budget_s > 0 and parts.bodies(gm):
+        return _by_part(gm, inputs, budget_s, disable, limits, report, bodies=True)
+    if parts.has_state_changes(gm):
+        return _by_part(gm, inputs, budget_s, disable, limits, report, bodies=False)
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
         report.stop_reason = "budget"  # cost_before stays NaN: the input was not priced
         return gm
@@ -241,19 +244,27 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     return out
 
 
-def _by_stretch(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
-    """A graph that changes grad mode or autocast: each stretch between changes alone."""
-    parts: list[Report] = []
+def _by_part(gm, inputs, budget_s, disable, limits, report, bodies: bool) -> fx.GraphModule:
+    """With `bodies`, each checkpointed body alone, then the rest; else each stretch between
+    grad-mode / autocast changes alone (parts.py). Budgets are shared by node count."""
+    reports: list[Report] = []
 
-    def one(stretch: fx.GraphModule, example_values: list, share: float) -> fx.GraphModule:
-        parts.append(Report())
+    def one(part: fx.GraphModule, example_values: list, share: float, **kw) -> fx.GraphModule:
+        reports.append(Report())
         try:
-            return _optimize(stretch, example_values, share, disable, limits, parts[-1])
-        except ValueError as e:  # the stretch's example values come from meta, not the caller
-            raise RuntimeError(f"a stretch between grad-mode / autocast changes: {e}") from e
+            return _optimize(part, example_values, share, disable, limits, reports[-1], **kw)
+        except ValueError as e:  # a part's example values come from meta, not the caller
+            raise RuntimeError(f"a part of the graph (parts.py): {e}") from e
 
-    out = stretches.optimize_stretches(gm, inputs, budget_s, one)
-    report.merge(parts)
+    if bodies:
+        names = parts.bodies(gm)
+        inner = sum(len(getattr(gm, name).graph.nodes) for name in names)
+        outer_share = budget_s * len(gm.graph.nodes) / (len(gm.graph.nodes) + inner)
+        gm = parts.optimize_bodies(gm, names, budget_s - outer_share, one)
+        out = one(gm, inputs, outer_share, bodies=False)
+    else:
+        out = parts.optimize_stretches(gm, inputs, budget_s, one)
+    report.merge(reports)
     return out
 
 

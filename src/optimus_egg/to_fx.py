@@ -420,7 +420,7 @@ def fill_meta(gm: fx.GraphModule, example_inputs, uses_example_value: bool) -> N
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    try:  # (example inputs may be another mode's fakes: a stretch's, stretches.py)
+    try:  # (example inputs may be another mode's fakes: a part of the graph, parts.py)
         fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
         with mode:
             FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)

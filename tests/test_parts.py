@@ -1,7 +1,12 @@
-"""Graphs that change grad mode, inference mode or autocast inside the forward: Dynamo records
-`with torch.no_grad():` as `_set_grad_enabled` nodes. optimize() cuts such a graph into
-stretches of fixed state and optimizes each alone (stretches.py); no rewrite may cross a change
-(a linear under no_grad batched with one outside would get a gradient).
+"""Graphs optimized in parts (parts.py).
+
+Grad mode, inference mode and autocast blocks: Dynamo records `with torch.no_grad():` as
+`_set_grad_enabled` nodes. optimize() cuts such a graph into stretches of fixed state and
+optimizes each alone; no rewrite may cross a change (a linear under no_grad batched with one
+outside would get a gradient).
+
+Checkpointed bodies: `torch.utils.checkpoint.checkpoint(fn, x)` is one call of a higher-order op
+on fn's graph; that graph is optimized as one of its own.
 """
 import contextlib
 import warnings
@@ -9,10 +14,11 @@ import warnings
 import pytest
 import torch
 from torch import fx, nn
+from torch.utils.checkpoint import checkpoint
 
 import optimus_egg
 from optimus_egg.from_fx import Unsupported
-from optimus_egg.stretches import stretches
+from optimus_egg.parts import bodies, stretches
 
 BLOCKS = {
     "no_grad": torch.no_grad,
@@ -70,7 +76,7 @@ def test_a_block_is_batched_apart_from_the_rest(block):
     m, ref = twin(lambda: TwoBlocks(BLOCKS[block]))
     x = torch.randn(4, 8)
     out, (report,) = through_backend(m, x)
-    assert report.stretches == 2 and report.changed
+    assert report.parts == 2 and report.changed
     assert report.matches["batch-linear-lhs"] == 6, report.matches  # both groups of three
     expected = ref(x)
     torch.testing.assert_close(out, expected)
@@ -102,7 +108,7 @@ def test_a_split_and_cat_across_a_block_do_not_cancel():
     m, ref = twin(SplitUnderNoGrad)
     x = torch.randn(4, 16, requires_grad=True)
     out, (report,) = through_backend(m, x)
-    assert report.stretches == 2
+    assert report.parts == 2
     expected = ref(x)
     torch.testing.assert_close(out, expected)
     out.sum().backward()
@@ -133,7 +139,7 @@ def test_an_autocast_block_is_batched_in_bf16(training):
     with torch.set_grad_enabled(training):
         out, (report,) = through_backend(m, x)
         expected = ref(x)
-    assert report.stretches == 2 and report.matches["batch-linear-lhs"] == 4, report.matches
+    assert report.parts == 2 and report.matches["batch-linear-lhs"] == 4, report.matches
     assert report.matches["batch-layernorm"] == 4, report.matches  # after the block, in fp32
     assert out.dtype == expected.dtype == torch.float32
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)  # bf16 GEMMs: one bmm vs four mm
@@ -178,7 +184,7 @@ def test_a_graph_without_meta_gets_its_stretch_inputs_by_fake_propagation():
     out = optimus_egg.optimize(gm, [x], 2.0, strict=True)
     assert torch.is_grad_enabled() == grad_mode  # the fake run of the graph's own changes is undone
     report = out.meta["optimus_egg"]
-    assert report.stretches == 2 and report.matches["batch-linear-lhs"] == 6, report
+    assert report.parts == 2 and report.matches["batch-linear-lhs"] == 6, report
     expected = gm(x)
     got = out(x)
     torch.testing.assert_close(got, expected)
@@ -215,3 +221,55 @@ def test_a_vmap_traced_inline_is_left_alone_with_a_warning():
     assert any("functorch transform" in str(w.message) for w in caught)
     assert not out.meta["optimus_egg"].changed
     torch.testing.assert_close(out(*inputs), m(x) if isinstance(m(x), tuple) else (m(x),))
+
+
+class Checkpointed(nn.Module):
+    """Four parallel linears inside a checkpointed function, three more outside it."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.inside = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+        self.outside = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+
+    def body(self, x):
+        return torch.cat([torch.tanh(lin(x)) for lin in self.inside], 1)
+
+    def forward(self, x):
+        y = checkpoint(self.body, x, use_reentrant=False)
+        return y.sum(1, keepdim=True) * torch.cat([lin(torch.relu(x)) for lin in self.outside], 1)
+
+
+def test_a_checkpointed_body_is_optimized_as_a_graph_of_its_own():
+    m, ref = twin(Checkpointed)
+    x = torch.randn(4, 8)
+    captured = []
+
+    def grab(gm, example_inputs):
+        captured.append(gm)
+        return gm
+
+    torch.compile(Checkpointed(), backend=grab)(x)
+    assert bodies(captured[0]) == ["wrap_body_0"]
+
+    torch._dynamo.reset()
+    out, (report,) = through_backend(m, x)
+    assert report.parts == 2 and report.changed
+    assert report.matches["batch-linear-lhs"] == 4 + 3, report.matches  # the body's four, the outer three
+    expected = ref(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+
+
+def test_a_checkpointed_model_trains_through_the_backend():
+    m, ref = twin(Checkpointed)
+    x = torch.randn(4, 8)
+    out = torch.compile(m, backend=optimus_egg.backend(budget_s=2.0))(x)
+    expected = ref(x)
+    torch.testing.assert_close(out, expected)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s, n=name: f"{n}: {s}")

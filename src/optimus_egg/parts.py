@@ -1,12 +1,18 @@
-"""Graphs that switch grad mode or autocast between nodes, optimized one stretch at a time.
+"""Graphs optimized in parts: where the e-graph cannot see across, each part is a graph of its own.
 
-`torch.no_grad()`, `torch.autocast()` and `torch.inference_mode()` blocks inside a forward
-are nodes of a Dynamo graph (`_set_grad_enabled`, `_enter_autocast`, ...; from_fx.GLOBAL_STATE)
-that change how every node after them runs. Between two such nodes the state is fixed, so each stretch is a graph of its own:
-its operands from before become placeholders and its values read after it become outputs. Each
-stretch is optimized on its share of the budget (by node count) and spliced back in place, so no
-rewrite crosses a change of state (a no_grad linear batched with a grad one would give the
-no_grad output a gradient; a split under no_grad and a cat after it do not cancel).
+Stretches. `torch.no_grad()`, `torch.autocast()` and `torch.inference_mode()` blocks inside a
+forward are nodes of a Dynamo graph (`_set_grad_enabled`, `_enter_autocast`, ...;
+from_fx.GLOBAL_STATE) that change how every node after them runs. Between two such nodes the
+state is fixed, so each stretch is a graph of its own: its operands from before become
+placeholders and its values read after it become outputs. Each stretch is optimized on its
+share of the budget (by node count) and spliced back in place, so no rewrite crosses a change of
+state (a no_grad linear batched with a grad one would give the no_grad output a gradient; a
+split under no_grad and a cat after it do not cancel).
+
+Bodies. `torch.utils.checkpoint.checkpoint(fn, ...)` reaches Dynamo's graph as one call of a
+higher-order op on a body graph (`tag_activation_checkpoint(wrap_body_0, x, *params)`), opaque
+to the outer graph's rules. Each such body, called once, is optimized as a graph of its own (its
+placeholders' meta are its example values) and replaces the original in a copy of the module.
 """
 from __future__ import annotations
 
@@ -103,6 +109,49 @@ def example_values(gm: fx.GraphModule, example_inputs: list, wanted: set[fx.Node
     finally:
         torch.set_grad_enabled(grad)
     return {**values, **got}
+
+
+# Higher-order ops whose first operand is a body graph they run on the other operands.
+BODY_OPS = {"tag_activation_checkpoint", "wrap"}
+
+
+def bodies(gm: fx.GraphModule) -> list[str]:
+    """Attributes of `gm` holding the body of exactly one BODY_OPS call and read nowhere else
+    (a body run twice might run on other shapes than its example values)."""
+    reads: dict[str, int] = {}
+    calls: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            reads[n.target] = reads.get(n.target, 0) + len(n.users)
+        elif (n.op == "call_function" and _name(n.target) in BODY_OPS and n.args
+              and isinstance(n.args[0], fx.Node) and n.args[0].op == "get_attr"):
+            calls[n.args[0].target] = calls.get(n.args[0].target, 0) + 1
+    return [t for t, k in calls.items() if k == 1 and reads.get(t) == 1 and "." not in t
+            and isinstance(getattr(gm, t, None), fx.GraphModule)]
+
+
+def optimize_bodies(gm: fx.GraphModule, names: list[str], budget_s: float,
+                    optimize_one: Callable[[fx.GraphModule, list, float], fx.GraphModule]) -> fx.GraphModule:
+    """A copy of `gm` whose bodies `names` are `optimize_one(body, its example values, share)`
+    (`budget_s` split by node count), or `gm` itself if none changed."""
+    total = sum(len(getattr(gm, name).graph.nodes) for name in names)
+    new = {}
+    for name in names:
+        body = getattr(gm, name)
+        values = [_meta_value(p) for p in body.graph.nodes if p.op == "placeholder"]
+        if any(v is None for v in values):
+            continue  # no example values to optimize it on
+        out = optimize_one(body, values, budget_s * len(body.graph.nodes) / total)
+        if out is not body:
+            new[name] = out
+    if not new:
+        return gm
+    from optimus_egg.to_fx import graph_module
+
+    copied = graph_module(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    for name, out in new.items():
+        setattr(copied, name, out)
+    return copied
 
 
 def optimize_stretches(gm: fx.GraphModule, example_inputs: list, budget_s: float,
