@@ -273,3 +273,29 @@ def test_a_checkpointed_model_trains_through_the_backend():
     expected.square().sum().backward()
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s, n=name: f"{n}: {s}")
+
+
+@pytest.mark.parametrize("make", [lambda: TwoBlocks(torch.no_grad), Checkpointed], ids=["no_grad", "checkpoint"])
+def test_parts_with_a_symbolic_batch(make):
+    """dynamic=True: the parts' example values have a symbolic batch; the result holds at every size."""
+    m, ref = twin(make)
+    reports = []
+
+    def backend(gm, example_inputs):
+        out = optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True)
+        reports.append(out.meta["optimus_egg"])
+        return out
+
+    compiled = torch.compile(m, backend=backend, dynamic=True)
+    for b in (4, 7, 2):
+        x = torch.randn(b, 8)
+        out, expected = compiled(x), ref(x)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            assert (p.grad is None) == (q.grad is None), name
+            if p.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+    (report,) = reports  # one capture serves every batch size
+    assert report.parts == 2 and report.changed and report.matches["batch-linear-lhs"] >= 6, report
