@@ -299,3 +299,22 @@ def test_parts_with_a_symbolic_batch(make):
                 torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
     (report,) = reports  # one capture serves every batch size
     assert report.parts == 2 and report.changed and report.matches["batch-linear-lhs"] >= 6, report
+
+
+@pytest.mark.parametrize("make", [lambda: TwoBlocks(torch.no_grad), Autocast], ids=["no_grad", "autocast"])
+def test_export_puts_a_block_in_a_body_which_is_optimized_alone(make):
+    """torch.export turns the block into `wrap_with_set_grad_enabled` / `wrap_with_autocast`
+    on a body graph; the body and the rest are each batched."""
+    m, ref = twin(make)
+    x = torch.randn(4, 16 if make is Autocast else 8)
+    gm = torch.export.export(m, (x,)).module()
+    (name,) = bodies(gm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # copying export's module for the new body warns of nothing
+        out = optimus_egg.optimize(gm, [x], 2.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.parts == 2 and report.changed, report
+    assert report.matches["batch-linear-lhs"] == (4 if make is Autocast else 6), report.matches
+    assert getattr(out, name) is not getattr(gm, name)
+    torch.testing.assert_close(out(x), ref(x), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(gm(x), ref(x), rtol=2e-2, atol=2e-2)  # the input module is untouched

@@ -11,8 +11,10 @@ split under no_grad and a cat after it do not cancel).
 
 Bodies. `torch.utils.checkpoint.checkpoint(fn, ...)` reaches Dynamo's graph as one call of a
 higher-order op on a body graph (`tag_activation_checkpoint(wrap_body_0, x, *params)`), opaque
-to the outer graph's rules. Each such body, called once, is optimized as a graph of its own (its
-placeholders' meta are its example values) and replaces the original in a copy of the module.
+to the outer graph's rules; torch.export puts no_grad and autocast blocks in such bodies too
+(`wrap_with_set_grad_enabled`, `wrap_with_autocast`). Each such body, called once, is optimized
+as a graph of its own (its placeholders' meta are its example values) and replaces the original
+in a copy of the module.
 """
 from __future__ import annotations
 
@@ -111,8 +113,9 @@ def example_values(gm: fx.GraphModule, example_inputs: list, wanted: set[fx.Node
     return {**values, **got}
 
 
-# Higher-order ops whose first operand is a body graph they run on the other operands.
-BODY_OPS = {"tag_activation_checkpoint", "wrap"}
+# Higher-order ops that run a body graph on their other operands -> the body's operand index:
+# Dynamo's checkpoint and wrap, torch.export's no_grad and autocast blocks.
+BODY_OPS = {"tag_activation_checkpoint": 0, "wrap": 0, "wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
 
 
 def bodies(gm: fx.GraphModule) -> list[str]:
@@ -123,9 +126,10 @@ def bodies(gm: fx.GraphModule) -> list[str]:
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             reads[n.target] = reads.get(n.target, 0) + len(n.users)
-        elif (n.op == "call_function" and _name(n.target) in BODY_OPS and n.args
-              and isinstance(n.args[0], fx.Node) and n.args[0].op == "get_attr"):
-            calls[n.args[0].target] = calls.get(n.args[0].target, 0) + 1
+        elif n.op == "call_function" and len(n.args) > BODY_OPS.get(_name(n.target), len(n.args)):
+            body = n.args[BODY_OPS[_name(n.target)]]
+            if isinstance(body, fx.Node) and body.op == "get_attr":
+                calls[body.target] = calls.get(body.target, 0) + 1
     return [t for t, k in calls.items() if k == 1 and reads.get(t) == 1 and "." not in t
             and isinstance(getattr(gm, t, None), fx.GraphModule)]
 
@@ -148,7 +152,10 @@ def optimize_bodies(gm: fx.GraphModule, names: list[str], budget_s: float,
         return gm
     from optimus_egg.to_fx import graph_module
 
-    copied = graph_module(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    g = fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    g._codegen = copy.copy(gm.graph._codegen)  # (a deepcopy of export's pytree specs warns)
+    copied = graph_module(gm, g, class_name=type(gm).__name__)
     for name, out in new.items():
         setattr(copied, name, out)
     return copied
