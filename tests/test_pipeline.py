@@ -245,6 +245,44 @@ def test_dead_node_joins_no_batch():
             torch.testing.assert_close(got[k], p.grad)
 
 
+class _HardGate(nn.Module):
+    """Three gate linears whose scores only pick an expert (argmax: no gradient reaches them)
+    and three experts, all six on one input at one depth."""
+
+    def __init__(self):
+        super().__init__()
+        self.gates = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        picks = [gate(x).argmax(-1, keepdim=True) for gate in self.gates]
+        hs = [torch.tanh(e(x)) for e in self.experts]
+        return sum(torch.gather(h, 1, p) for h, p in zip(hs, picks))
+
+
+def test_members_no_gradient_reaches_batch_apart():
+    """Eagerly the gates get no gradient (None). The six linears are batched as two groups,
+    gates and experts, so the gates still get none (one group of six would give them zeros,
+    which AdamW's weight decay would apply)."""
+    torch.manual_seed(0)
+    model = _HardGate()
+    gm = fx.symbolic_trace(model)
+    x = torch.randn(4, 8)
+    out = optimus_egg.optimize(gm, [x], budget_s=5.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.groups["linear_lhs"] == 2 and report.matches["batch-linear-lhs"] == 6, report
+    assert calls(out, torch._C._nn.linear) == 2
+    torch.testing.assert_close(out(x), gm(x))
+    out(x).sum().backward()
+    got = {k: p.grad for k, p in out.named_parameters()}
+    model(x).sum().backward()
+    for k, p in model.named_parameters():
+        if k.startswith("gates."):
+            assert p.grad is None and got.get(k) is None, k
+        else:
+            torch.testing.assert_close(got[k], p.grad)
+
+
 # ---- shapes streamed from a forked child (shapes.shape_values) ---------------------------
 
 @pytest.fixture(scope="module")

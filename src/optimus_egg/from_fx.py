@@ -855,12 +855,13 @@ class _Lowerer:
     # groups ------------------------------------------------------------------
     def seed_groups(self) -> dict[str, int]:
         depth = _depths(self.gm.graph)
+        reach = _grad_reach(self.gm.graph, self.values)
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, k in self.kind.items():
             if k[0] in ("linear", "layer_norm", "pointwise", "binary") and n in self.expr and n in self.shapes:
-                buckets[(k[0], k[1], depth[n])].append(n)
+                buckets[(k[0], k[1], depth[n], n in reach)].append(n)
         counts: dict[str, int] = defaultdict(int)
-        for (family, _key, _d), members in buckets.items():
+        for (family, _key, _d, _r), members in buckets.items():
             if len(members) < 2:
                 continue
             counts[family] += 1
@@ -895,16 +896,16 @@ class _Lowerer:
                 slots = [_app("pointwise_slot", tid, g, out, i) for i in range(len(members))]
             self.facts += slots
         counts.pop("_groups", None)
-        self.seed_lhs_groups(depth, counts)
+        self.seed_lhs_groups(depth, reach, counts)
         return dict(counts)
 
-    def seed_lhs_groups(self, depth, counts) -> None:
+    def seed_lhs_groups(self, depth, reach, counts) -> None:
         """Linears reading the same input (same depth, same bias presence), LHS_MIN_MEMBERS or
         more of them: one wide GEMM."""
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, dt, nobias, _) in self.lhs_kind.items():
-            if n in self.expr and n in self.shapes:
-                buckets[(self.expr.get(x, x), dt, nobias, depth[n])].append(n)  # equal inputs: one key
+            if n in self.expr and n in self.shapes:  # equal inputs: one key
+                buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach)].append(n)
         for members in buckets.values():
             if len(members) < LHS_MIN_MEMBERS:
                 continue
@@ -922,6 +923,27 @@ class _Lowerer:
             self.facts += [_app("linear_lhs_slot", self.operand(x), g, _vec(sizes), len(shp) - 1, out, i)
                            for i in range(len(members))]
         counts.pop("_lhs", None)
+
+
+def _grad_reach(graph: fx.Graph, values) -> set[fx.Node]:
+    """The nodes a gradient of the outputs can reach: back from the outputs through every node
+    with a floating (or unknown) value, except detach. Eagerly, a parameter whose uses all lie
+    outside gets no gradient (grad None); batched with one inside, it would get zeros, which an
+    optimizer with momentum or weight decay does not skip. So groups never mix the two."""
+    reach: set[fx.Node] = set()
+    todo = [a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes]
+    while todo:
+        n = todo.pop()
+        if n in reach or (n.op in ("call_function", "call_method") and _name(n.target) == "detach") or (
+                n.target is getattr and n.args[1] == "data"):
+            continue
+        v = values.get(n)
+        if isinstance(v, (int, float, bool, torch.SymInt)) or (
+                isinstance(v, (torch.Tensor, shapes.Meta)) and not (v.dtype.is_floating_point or v.dtype.is_complex)):
+            continue  # no gradient flows through an integer or boolean value
+        reach.add(n)
+        todo.extend(n.all_input_nodes)
+    return reach
 
 
 def _live(graph: fx.Graph, effects: set[fx.Node]) -> set[fx.Node]:
