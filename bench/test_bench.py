@@ -90,3 +90,11 @@ def test_dynamic_script_end_to_end(export):
     assert "symbolic batch True" in line and "values match" in line, line
     plain, egg = (int(v) for v in re.search(r"inductor (\d+) optimus \d+ optimus_egg (\d+)", line).groups())
     assert egg < plain, line
+
+
+def test_parts_script_end_to_end():
+    """bench/parts.py on two layers: the graph is cut into parts, optimized, and right."""
+    import parts
+
+    line = parts.run(2, 1.0, repeat=1)
+    assert "parts 4" in line and "values match" in line and "stop saturated" in line, line

@@ -584,7 +584,7 @@ def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
         note(f"graph:\n{gm.code}")
         out = optimize_strict(gm, inputs)
         if out.meta["optimus_egg"].parts > 1:
-            event(f"cut into stretches ({prog['block'][2]})")
+            event(f"cut into parts ({prog['block'][2]})")
         # A symbolic size input runs as its value (a SymInt cannot size a real tensor).
         inputs = [int(v) if isinstance(v, torch.SymInt) else v for v in inputs]
         torch.testing.assert_close(run_all(out, inputs), run_all(gm, inputs),

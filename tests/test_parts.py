@@ -89,6 +89,28 @@ def test_a_block_is_batched_apart_from_the_rest(block):
             torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
 
 
+class SameCallTwice(TwoBlocks):
+    """The same input-free call in both stretches (`triu_indices`, shared by every use within one
+    graph): each stretch keeps its own, so no value crosses the change of state."""
+
+    def forward(self, x):
+        with self.block():
+            a = [torch.tanh(lin(x)) for lin in self.inside]
+            i = torch.triu_indices(8, 8)
+            a = [t[:, i[1, :4]] for t in a]
+        j = torch.triu_indices(8, 8)
+        b = [torch.sigmoid(lin(x))[:, j[1, :4]] for lin in self.outside]
+        return torch.cat(a + b, 1)
+
+
+def test_an_input_free_call_in_two_stretches_is_not_shared():
+    m, ref = twin(lambda: SameCallTwice(torch.no_grad))
+    x = torch.randn(4, 8)
+    out, (report,) = through_backend(m, x)
+    assert report.parts == 2 and report.changed and report.matches["batch-linear-lhs"] == 6, report
+    torch.testing.assert_close(out, ref(x))
+
+
 class SplitUnderNoGrad(nn.Module):
     """A split under no_grad and the cat of its pieces after it: they do not cancel (the cat of
     pieces computed without grad has none; x itself has one)."""

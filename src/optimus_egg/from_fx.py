@@ -159,6 +159,9 @@ _VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}  # x.T traces as ge
 GLOBAL_STATE = {"_set_grad_enabled", "_enter_autocast", "_exit_autocast", "_enter_inference_mode",
                 "_exit_inference_mode", "_set_fwd_grad_enabled", "_saved_tensors_hooks_disable",
                 "_saved_tensors_hooks_enable", "_sdpa_kernel"}
+# Node meta key: the part a node belongs to in a graph of parts side by side (parts.py). Groups
+# and shared templates never span two parts.
+PART = "optimus_egg_part"
 # Calls that open or close a functorch transform (vmap, grad, jvp) traced inline: nodes
 # between them see batched or dual tensors; such a graph is not lowered at all.
 _TRANSFORMS = {"_vmap_increment_nesting", "_vmap_decrement_nesting", "_grad_increment_nesting",
@@ -354,11 +357,12 @@ class _Lowerer:
         self.kind: dict[fx.Node, tuple] = {}   # node -> (family, key, payload) for grouping
         self.first_name: dict[str, str] = {}  # term -> the (node k) that first named it
         self.lhs_kind: dict[fx.Node, tuple] = {}  # linear -> (input, dtype, no bias, out features)
+        self.part = None  # the PART of the node being lowered (in its shared templates' keys)
 
     # templates ---------------------------------------------------------------
     def template(self, op: str, target, args: tuple, kwargs: dict, shared: bool, n_deps: int = 0) -> int:
         t = Template(op, target, args, kwargs, n_deps)
-        key = repr((op, target, args, sorted(kwargs.items())))
+        key = repr((op, target, args, sorted(kwargs.items()), self.part))
         if shared and key in self._template_ids:
             return self._template_ids[key]
         self.templates.append(t)
@@ -384,6 +388,7 @@ class _Lowerer:
     def lower(self, n: fx.Node, deps: list):
         idx = len(self.nodes)
         self.nodes.append(n)
+        self.part = n.meta.get(PART)
         self.reading = []
         v = self.values.get(n)
         # With symbolic sizes only meta is shape-generic: a value propagated from the example
@@ -859,9 +864,9 @@ class _Lowerer:
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, k in self.kind.items():
             if k[0] in ("linear", "layer_norm", "pointwise", "binary") and n in self.expr and n in self.shapes:
-                buckets[(k[0], k[1], depth[n], n in reach)].append(n)
+                buckets[(k[0], k[1], depth[n], n in reach, n.meta.get(PART))].append(n)
         counts: dict[str, int] = defaultdict(int)
-        for (family, _key, _d, _r), members in buckets.items():
+        for (family, *_), members in buckets.items():
             if len(members) < 2:
                 continue
             counts[family] += 1
@@ -905,7 +910,7 @@ class _Lowerer:
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, dt, nobias, _) in self.lhs_kind.items():
             if n in self.expr and n in self.shapes:  # equal inputs: one key
-                buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach)].append(n)
+                buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach, n.meta.get(PART))].append(n)
         for members in buckets.values():
             if len(members) < LHS_MIN_MEMBERS:
                 continue

@@ -1,34 +1,46 @@
-"""Graphs optimized in parts: where the e-graph cannot see across, each part is a graph of its own.
+"""Graphs optimized in parts: where no rewrite may reach across, the graph is cut into parts.
 
 Stretches. `torch.no_grad()`, `torch.autocast()` and `torch.inference_mode()` blocks inside a
 forward are nodes of a Dynamo graph (`_set_grad_enabled`, `_enter_autocast`, ...;
 from_fx.GLOBAL_STATE) that change how every node after them runs. Between two such nodes the
-state is fixed, so each stretch is a graph of its own: its operands from before become
-placeholders and its values read after it become outputs. Each stretch is optimized on its
-share of the budget (by node count) and spliced back in place, so no rewrite crosses a change of
-state (a no_grad linear batched with a grad one would give the no_grad output a gradient; a
-split under no_grad and a cat after it do not cancel).
+state is fixed: each stretch is a part. No rewrite may cross a change of state (a no_grad linear
+batched with a grad one would give the no_grad output a gradient; a split under no_grad and a
+cat after it do not cancel).
 
 Bodies. `torch.utils.checkpoint.checkpoint(fn, ...)` reaches Dynamo's graph as one call of a
 higher-order op on a body graph (`tag_activation_checkpoint(wrap_body_0, x, *params)`), opaque
-to the outer graph's rules; torch.export puts no_grad and autocast blocks in such bodies too
-(`wrap_with_set_grad_enabled`, `wrap_with_autocast`). Each such body, called once, is optimized
-as a graph of its own (its placeholders' meta are its example values) and replaces the original
-in a copy of the module.
+to the rules; torch.export puts no_grad and autocast blocks in such bodies too
+(`wrap_with_set_grad_enabled`, `wrap_with_autocast`). Each body called once is a part.
+
+All parts are copied side by side into one graph with no edge between them: each part reads
+its own placeholders (one per value it reads from outside, parameters included, so no e-node is
+shared between parts), and every node carries its part in `meta[from_fx.PART]`, which from_fx
+puts in every group key and shared template. That graph is optimized once, on the whole budget;
+its result is split back by part: each stretch's nodes go where the stretch was, each body's
+into a new body module.
 """
 from __future__ import annotations
 
 import copy
+import operator
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import fx
 
-from optimus_egg.from_fx import GLOBAL_STATE, _name
-from optimus_egg.shapes import _meta_value
+from optimus_egg.from_fx import GLOBAL_STATE, PART, _name
+from optimus_egg.shapes import _fetch, _meta_value
 
 MIN_NODES = 2  # a stretch with fewer call nodes has nothing to batch or cancel
+
+# Higher-order ops that run a body graph on their other operands -> the body's operand index:
+# Dynamo's checkpoint and wrap, torch.export's no_grad and autocast blocks.
+BODY_OPS = {"tag_activation_checkpoint": 0, "wrap": 0, "wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
+# What a later stretch may read of an earlier one's result: sizes (to_fx reads a symbolic size
+# from the first input that has it), never a tensor.
+_SIZE_OPS = {torch.ops.aten.sym_size.int, operator.add, operator.mul, operator.floordiv}
 
 
 def changes_state(n: fx.Node) -> bool:
@@ -41,57 +53,204 @@ def has_state_changes(gm: fx.GraphModule) -> bool:
 
 def stretches(gm: fx.GraphModule) -> list[list[fx.Node]]:
     """The runs of call nodes between state changes, in graph order (empty runs left out).
-    Placeholders, get_attr nodes (free to read anywhere) and the output belong to none."""
+    Placeholders, get_attr nodes (free to read anywhere) and the output belong to none. A
+    getitem of a tuple goes with the tuple (it computes nothing), so no stretch reads a tuple
+    whole."""
     runs: list[list[fx.Node]] = [[]]
+    home: dict[fx.Node, list[fx.Node]] = {}
     for n in gm.graph.nodes:
         if changes_state(n):
             runs.append([])
         elif n.op.startswith("call"):
-            runs[-1].append(n)
+            src = n.args[0] if n.target is operator.getitem and n.args else None
+            run = home.get(src, runs[-1]) if isinstance(_meta_value(src) if isinstance(src, fx.Node) else None,
+                                                        (tuple, list)) else runs[-1]
+            run.append(n)
+            home[n] = run
     return [r for r in runs if r]
 
 
+def bodies(gm: fx.GraphModule) -> list[str]:
+    """Attributes of `gm` holding the body of exactly one BODY_OPS call and read nowhere else
+    (a body run twice might run on other shapes than its example values)."""
+    reads: dict[str, int] = {}
+    calls: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            reads[n.target] = reads.get(n.target, 0) + len(n.users)
+        elif n.op == "call_function" and len(n.args) > BODY_OPS.get(_name(n.target), len(n.args)):
+            body = n.args[BODY_OPS[_name(n.target)]]
+            if isinstance(body, fx.Node) and body.op == "get_attr":
+                calls[body.target] = calls.get(body.target, 0) + 1
+    return [t for t, k in calls.items() if k == 1 and reads.get(t) == 1 and "." not in t
+            and isinstance(getattr(gm, t, None), fx.GraphModule)
+            and not any(n.op == "call_module" for n in getattr(gm, t).graph.nodes)]
+
+
 @dataclass
-class Stretch:
-    nodes: list[fx.Node]
-    inputs: list[fx.Node]   # nodes before the stretch that it reads (not get_attr), in order
-    outputs: list[fx.Node]  # its nodes read after it
-    gm: fx.GraphModule      # the stretch alone: placeholders `inputs`, output the tuple `outputs`
+class Part:
+    nodes: list[fx.Node]     # its call nodes, in order: gm's (a stretch) or a body's
+    leaves: list[fx.Node]    # what it reads from outside: gm's nodes before it, or the body's placeholders and get_attrs
+    outputs: list[fx.Node]   # its nodes read after it (a stretch), or those the body returns
+    body: str | None = None  # the attribute holding the body
 
 
-def cut(gm: fx.GraphModule, nodes: list[fx.Node]) -> Stretch:
-    members = set(nodes)
-    inputs = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes
-                                if a not in members and a.op != "get_attr"))
-    g = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for a in inputs:
-        env[a] = g.placeholder(a.name)
-        env[a].meta = copy.copy(a.meta)
-
-    def operand(a: fx.Node) -> fx.Node:
-        if a not in env:  # a get_attr: read again here
-            env[a] = g.get_attr(a.target)
-            env[a].meta = copy.copy(a.meta)
-        return env[a]
-
-    for n in nodes:
-        env[n] = g.node_copy(n, operand)
-    outputs = [n for n in nodes if any(u not in members for u in n.users)]
-    g.output(tuple(env[n] for n in outputs))
-    return Stretch(nodes, inputs, outputs, fx.GraphModule(gm, g, class_name=type(gm).__name__))
+def _stretch(run: list[fx.Node]) -> Part:
+    members = set(run)
+    leaves = list(dict.fromkeys(a for n in run for a in n.all_input_nodes if a not in members))
+    return Part(run, leaves, [n for n in run if any(u not in members for u in n.users)])
 
 
-def example_values(gm: fx.GraphModule, example_inputs: list, wanted: set[fx.Node]) -> dict[fx.Node, object]:
-    """A value for each node in `wanted`: the example input of a placeholder, else the node's
-    meta value; if some node has neither, fake values propagated through the whole graph."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    got = dict(zip(placeholders, example_inputs))
-    for n in wanted - got.keys():
-        if _meta_value(n) is not None:
-            got[n] = _meta_value(n)
-    if wanted <= got.keys():
-        return got
+def _body(gm: fx.GraphModule, name: str) -> Part:
+    graph = getattr(gm, name).graph
+    leaves = [n for n in graph.nodes if n.op == "placeholder"] + [n for n in graph.nodes if n.op == "get_attr"]
+    outputs = list(dict.fromkeys(a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes
+                                 if a.op not in ("placeholder", "get_attr")))
+    return Part([n for n in graph.nodes if n.op.startswith("call")], leaves, outputs, body=name)
+
+
+class Plan:
+    """The parts of `gm` side by side in one graph (`combined`, with `values` its example inputs);
+    `rebuild` puts an optimized `combined` back."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: list):
+        self.gm = gm
+        runs = stretches(gm) if has_state_changes(gm) else [[n for n in gm.graph.nodes if n.op.startswith("call")]]
+        self.parts = [_stretch(r) for r in runs if len(r) >= MIN_NODES] + [_body(gm, b) for b in bodies(gm)]
+        g = fx.Graph()
+        env: dict[tuple[int, fx.Node], fx.Node] = {}
+        self.leaf_of: list[tuple[int, fx.Node]] = []  # per placeholder of `combined`
+        for i, p in enumerate(self.parts):
+            for leaf in p.leaves:
+                ph = env[i, leaf] = g.placeholder(f"part{i}_{leaf.name}")
+                ph.meta = {**leaf.meta, PART: i}
+                self.leaf_of.append((i, leaf))
+        outs = []
+        for i, p in enumerate(self.parts):
+            for n in p.nodes:
+                env[i, n] = g.node_copy(n, lambda a, i=i: env[i, a])
+                env[i, n].meta[PART] = i
+            outs += [env[i, n] for n in p.outputs]
+        g.output(tuple(outs))
+        self.combined = fx.GraphModule(gm, g, class_name=type(gm).__name__)
+        self.values = self._example_values(example_inputs)
+
+    def _example_values(self, example_inputs: list) -> list:
+        """The value of each leaf: the example input of a placeholder of gm, the attribute a
+        get_attr reads, else the leaf's meta value; if a leaf of a stretch has none, fake
+        values propagated through the whole of gm."""
+        given = dict(zip((n for n in self.gm.graph.nodes if n.op == "placeholder"), example_inputs))
+        values, missing = [], False
+        for i, leaf in self.leaf_of:
+            if leaf in given and self.parts[i].body is None:
+                values.append(given[leaf])
+            elif leaf.op == "get_attr":
+                values.append(_fetch(getattr(self.gm, self.parts[i].body) if self.parts[i].body else self.gm, leaf.target))
+            else:
+                values.append(_meta_value(leaf))
+                missing |= values[-1] is None and self.parts[i].body is None
+        if missing:
+            fakes = _fake_values(self.gm, example_inputs)
+            values = [fakes.get(leaf) if v is None and self.parts[i].body is None else v
+                      for v, (i, leaf) in zip(values, self.leaf_of)]
+        if any(v is None for v in values):
+            raise RuntimeError("no example value for a body's input (its placeholder has no meta)")
+        return values
+
+    def rebuild(self, out: fx.GraphModule) -> fx.GraphModule:
+        """gm with each part replaced by its nodes in `out` (an optimized `combined`)."""
+        placeholders = [n for n in out.graph.nodes if n.op == "placeholder"]
+        leaf_of = dict(zip(placeholders, self.leaf_of))
+        part_of = self._parts_of(out, leaf_of)
+        by_part: dict[int, list[fx.Node]] = defaultdict(list)
+        for n, i in part_of.items():
+            by_part[i].append(n)
+        results = iter(next(n for n in out.graph.nodes if n.op == "output").args[0])
+        produced = {(i, o): next(results) for i, p in enumerate(self.parts) for o in p.outputs}
+
+        def emit(graph: fx.Graph, i: int, lookup: dict) -> None:
+            for n in by_part[i]:
+                lookup[n] = graph.node_copy(n, lookup.__getitem__)
+                lookup[n].meta.pop(PART, None)
+
+        # Each body: a new module with the body's placeholders, get_attrs and output structure.
+        new_bodies = {}
+        for i, p in enumerate(self.parts):
+            if p.body is None:
+                continue
+            old = getattr(self.gm, p.body)
+            bg = fx.Graph()
+            lookup: dict = {}
+            for ph, (j, leaf) in leaf_of.items():
+                if j == i:
+                    lookup[ph] = (bg.placeholder(leaf.name, type_expr=leaf.type) if leaf.op == "placeholder"
+                                  else bg.get_attr(leaf.target))
+                    lookup[ph].meta = dict(leaf.meta)
+            emit(bg, i, lookup)
+            own = {leaf: lookup[ph] for ph, (j, leaf) in leaf_of.items() if j == i}
+            out_node = next(n for n in old.graph.nodes if n.op == "output")
+            bg.output(fx.node.map_arg(out_node.args[0], lambda a, i=i, own=own, lookup=lookup: own[a] if a in own else lookup[produced[i, a]]))
+            bg._codegen = copy.copy(old.graph._codegen)
+            new_bodies[p.body] = fx.GraphModule(old, bg, class_name=type(old).__name__)
+
+        # The outer graph: each stretch's nodes where its first node was.
+        from optimus_egg.to_fx import graph_module
+
+        g = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        first = {p.nodes[0]: i for i, p in enumerate(self.parts) if p.body is None}
+        inside = {n for p in self.parts if p.body is None for n in p.nodes}
+        for n in self.gm.graph.nodes:  # parameters read first: a part may read one defined inside its span
+            if n.op in ("placeholder", "get_attr"):
+                env[n] = g.node_copy(n, lambda a: env[a])
+        attrs = {n: g.node_copy(n) for n in out.graph.nodes if n.op == "get_attr"}  # (of gm: no body has any)
+        for n in self.gm.graph.nodes:
+            if n in first:
+                i = first[n]
+                lookup = {ph: env[leaf] for ph, (j, leaf) in leaf_of.items() if j <= i}  # (stretches come first)
+                lookup.update(attrs)
+                emit(g, i, lookup)
+                env.update({o: lookup[produced[i, o]] for o in self.parts[i].outputs})
+            elif n.op not in ("placeholder", "get_attr") and n not in inside:
+                env[n] = g.node_copy(n, lambda a: env[a])
+        g._codegen = copy.copy(self.gm.graph._codegen)
+        result = graph_module(self.gm, g, class_name=type(self.gm).__name__)
+        for name, body in new_bodies.items():
+            setattr(result, name, body)
+        return result
+
+    def _parts_of(self, out: fx.GraphModule, leaf_of: dict) -> dict[fx.Node, int]:
+        """The part of each computing node of `out`: its tag (from the node it came from), else
+        its inputs' part, else (reading nothing) its first user's. Checks that a part reads only
+        its own values, or an earlier stretch's leaves and sizes (which come before it)."""
+        part_of: dict[fx.Node, int] = {}
+        nodes = [n for n in out.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+        for n in nodes:
+            tag = n.meta.get(PART)
+            if tag is None:
+                tag = max((leaf_of[a][0] if a in leaf_of else part_of[a] for a in n.all_input_nodes
+                           if part_of.get(a) is not None or a in leaf_of), default=None)
+            part_of[n] = tag
+        for n in reversed(nodes):
+            if part_of[n] is None:
+                users = [part_of[u] for u in n.users if u.op != "output"]
+                if not users:
+                    raise RuntimeError(f"parts: {n.name} reads nothing and nothing reads it")
+                part_of[n] = min(users)
+        for n in nodes:
+            i = part_of[n]
+            for a in n.all_input_nodes:
+                if a.op == "get_attr":  # a parameter of gm (a module's, lowered): read anywhere
+                    continue
+                j = leaf_of[a][0] if a in leaf_of else part_of[a]
+                stretches_in_order = j < i and self.parts[i].body is None and self.parts[j].body is None
+                if j != i and not (stretches_in_order and (a in leaf_of or a.target in _SIZE_OPS)):
+                    raise RuntimeError(f"parts: {n.name} (part {i}) reads {a.name} (part {j})")
+        return part_of
+
+
+def _fake_values(gm: fx.GraphModule, example_inputs: list) -> dict[fx.Node, object]:
+    """Every node's value, propagated with fake tensors through the whole graph."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -110,103 +269,15 @@ def example_values(gm: fx.GraphModule, example_inputs: list, wanted: set[fx.Node
             Recording(gm, mode).propagate_dont_convert_inputs(*fakes)
     finally:
         torch.set_grad_enabled(grad)
-    return {**values, **got}
+    return values
 
 
-# Higher-order ops that run a body graph on their other operands -> the body's operand index:
-# Dynamo's checkpoint and wrap, torch.export's no_grad and autocast blocks.
-BODY_OPS = {"tag_activation_checkpoint": 0, "wrap": 0, "wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
-
-
-def bodies(gm: fx.GraphModule) -> list[str]:
-    """Attributes of `gm` holding the body of exactly one BODY_OPS call and read nowhere else
-    (a body run twice might run on other shapes than its example values)."""
-    reads: dict[str, int] = {}
-    calls: dict[str, int] = {}
-    for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            reads[n.target] = reads.get(n.target, 0) + len(n.users)
-        elif n.op == "call_function" and len(n.args) > BODY_OPS.get(_name(n.target), len(n.args)):
-            body = n.args[BODY_OPS[_name(n.target)]]
-            if isinstance(body, fx.Node) and body.op == "get_attr":
-                calls[body.target] = calls.get(body.target, 0) + 1
-    return [t for t, k in calls.items() if k == 1 and reads.get(t) == 1 and "." not in t
-            and isinstance(getattr(gm, t, None), fx.GraphModule)]
-
-
-def optimize_bodies(gm: fx.GraphModule, names: list[str], budget_s: float,
-                    optimize_one: Callable[[fx.GraphModule, list, float], fx.GraphModule]) -> fx.GraphModule:
-    """A copy of `gm` whose bodies `names` are `optimize_one(body, its example values, share)`
-    (`budget_s` split by node count), or `gm` itself if none changed."""
-    total = sum(len(getattr(gm, name).graph.nodes) for name in names)
-    new = {}
-    for name in names:
-        body = getattr(gm, name)
-        values = [_meta_value(p) for p in body.graph.nodes if p.op == "placeholder"]
-        if any(v is None for v in values):
-            continue  # no example values to optimize it on
-        out = optimize_one(body, values, budget_s * len(body.graph.nodes) / total)
-        if out is not body:
-            new[name] = out
-    if not new:
-        return gm
-    from optimus_egg.to_fx import graph_module
-
-    g = fx.Graph()
-    g.output(g.graph_copy(gm.graph, {}))
-    g._codegen = copy.copy(gm.graph._codegen)  # (a deepcopy of export's pytree specs warns)
-    copied = graph_module(gm, g, class_name=type(gm).__name__)
-    for name, out in new.items():
-        setattr(copied, name, out)
-    return copied
-
-
-def optimize_stretches(gm: fx.GraphModule, example_inputs: list, budget_s: float,
-                       optimize_one: Callable[[fx.GraphModule, list, float], fx.GraphModule]) -> fx.GraphModule:
-    """`gm` with each stretch of MIN_NODES or more call nodes replaced by
-    `optimize_one(stretch_gm, its example inputs, its share of budget_s)`."""
-    parts = [cut(gm, run) for run in stretches(gm) if len(run) >= MIN_NODES]
-    values = example_values(gm, example_inputs, {a for p in parts for a in p.inputs})
-    total = sum(len(p.nodes) for p in parts)
-    done: dict[fx.Node, tuple[Stretch, fx.GraphModule]] = {}
-    for p in parts:
-        out = optimize_one(p.gm, [values[a] for a in p.inputs], budget_s * len(p.nodes) / total)
-        if out is not p.gm:
-            done[p.nodes[0]] = (p, out)
-    if not done:
-        return gm
-    return splice(gm, done)
-
-
-def splice(gm: fx.GraphModule, done: dict[fx.Node, tuple[Stretch, fx.GraphModule]]) -> fx.GraphModule:
-    """`gm` with each stretch in `done` (keyed by its first node) replaced by its new graph."""
-    from optimus_egg.to_fx import graph_module
-
-    g = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    skip: set[fx.Node] = set()
-    for n in gm.graph.nodes:
-        if n in skip:
-            continue
-        if n in done:
-            p, out = done[n]
-            new_placeholders = [m for m in out.graph.nodes if m.op == "placeholder"]
-            vals = g.graph_copy(out.graph, {m: env[a] for m, a in zip(new_placeholders, p.inputs)})
-            env.update(zip(p.outputs, vals))
-            skip.update(p.nodes)
-            for m in out.graph.nodes:  # a target the stretch's module has and gm lacks
-                if m.op == "get_attr" and not _has_attr(gm, m.target):
-                    raise RuntimeError(f"stretch result reads {m.target}, which the graph module lacks")
-            continue
-        env[n] = g.node_copy(n, lambda a: env[a])
-    g._codegen = copy.copy(gm.graph._codegen)
-    return graph_module(gm, g, class_name=type(gm).__name__)
-
-
-def _has_attr(root: torch.nn.Module, target: str) -> bool:
-    obj = root
-    for atom in target.split("."):
-        if not hasattr(obj, atom):
-            return False
-        obj = getattr(obj, atom)
-    return True
+def optimize_parts(gm: fx.GraphModule, example_inputs: list,
+                   optimize_one: Callable[[fx.GraphModule, list], fx.GraphModule]) -> tuple[fx.GraphModule, int]:
+    """`gm` with its parts optimized together by `optimize_one(combined graph, example values)`,
+    and the number of parts."""
+    plan = Plan(gm, example_inputs)
+    if not plan.parts:
+        return gm, 0
+    out = optimize_one(plan.combined, plan.values)
+    return (gm if out is plan.combined else plan.rebuild(out)), len(plan.parts)

@@ -48,7 +48,7 @@ class Report:
     changed: bool = False
     fallback: str | None = None
     hard_stop: bool = False      # the search worker was killed at the hard deadline
-    parts: int = 1               # graphs optimized alone: stretches between state changes, bodies (parts.py)
+    parts: int = 1               # parts kept apart: stretches between state changes, bodies (parts.py)
 
     def __str__(self) -> str:
         t = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
@@ -64,35 +64,11 @@ class Report:
             f"  time: {t}",
         ]
         if self.parts != 1:
-            lines.insert(1, f"  {self.parts} parts optimized alone (stretches between grad-mode / autocast changes, "
+            lines.insert(1, f"  {self.parts} parts kept apart (stretches between grad-mode / autocast changes, "
                             "checkpointed bodies)")
         if self.fallback:
             lines.append(f"  fallback: {self.fallback}")
         return "\n".join(lines)
-
-    def merge(self, parts: list[Report]) -> None:
-        """Sum the reports of a graph's parts into this one (parts.py)."""
-        self.parts = sum(p.parts for p in parts)
-        for p in parts:
-            for k, v in p.timings.items():
-                self.timings[k] = self.timings.get(k, 0.0) + v
-            for k, v in p.matches.items():
-                self.matches[k] = self.matches.get(k, 0) + v
-            for k, v in p.groups.items():
-                self.groups[k] = self.groups.get(k, 0) + v
-        self.egraph_nodes = sum(p.egraph_nodes for p in parts)
-        self.egraph_classes = sum(p.egraph_classes for p in parts)
-        self.iterations = sum(p.iterations for p in parts)
-        self.stop_reason = next((p.stop_reason for p in parts if p.stop_reason != "saturated"),
-                                "saturated" if parts else "not_run")
-        self.cost_table = next((p.cost_table for p in parts if p.cost_table), "")
-        self.cost_before = sum(p.cost_before for p in parts)
-        self.cost_after = sum(p.cost_after if p.changed else p.cost_before for p in parts)
-        if all(p.launches_before is not None for p in parts):
-            self.launches_before = sum(p.launches_before for p in parts)
-            self.launches_after = sum(p.launches_after if p.changed else p.launches_before for p in parts)
-        self.changed = any(p.changed for p in parts)
-        self.hard_stop = any(p.hard_stop for p in parts)
 
 
 def _check_args(gm, example_inputs, budget_s, disable) -> None:
@@ -194,11 +170,9 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
 FIRST_ITERATION_S_PER_NODE = 2e-5
 
 
-def _optimize(gm, inputs, budget_s, disable, limits, report, bodies: bool = True) -> fx.GraphModule:
-    if bodies and budget_s > 0 and parts.bodies(gm):
-        return _by_part(gm, inputs, budget_s, disable, limits, report, bodies=True)
-    if parts.has_state_changes(gm):
-        return _by_part(gm, inputs, budget_s, disable, limits, report, bodies=False)
+def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
+    if parts.has_state_changes(gm) or (budget_s > 0 and parts.bodies(gm)):
+        return _by_part(gm, inputs, budget_s, disable, limits, report)
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
         report.stop_reason = "budget"  # cost_before stays NaN: the input was not priced
         return gm
@@ -244,27 +218,16 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, bodies: bool = True
     return out
 
 
-def _by_part(gm, inputs, budget_s, disable, limits, report, bodies: bool) -> fx.GraphModule:
-    """With `bodies`, each checkpointed body alone, then the rest; else each stretch between
-    grad-mode / autocast changes alone (parts.py). Budgets are shared by node count."""
-    reports: list[Report] = []
-
-    def one(part: fx.GraphModule, example_values: list, share: float, **kw) -> fx.GraphModule:
-        reports.append(Report())
+def _by_part(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
+    """A graph with stretches between grad-mode / autocast changes or checkpointed bodies: its
+    parts side by side in one graph, optimized once (parts.py)."""
+    def one(combined: fx.GraphModule, example_values: list) -> fx.GraphModule:
         try:
-            return _optimize(part, example_values, share, disable, limits, reports[-1], **kw)
-        except ValueError as e:  # a part's example values come from meta, not the caller
-            raise RuntimeError(f"a part of the graph (parts.py): {e}") from e
+            return _optimize(combined, example_values, budget_s, disable, limits, report)
+        except ValueError as e:  # the parts' example values come from meta, not the caller
+            raise RuntimeError(f"the graph's parts (parts.py): {e}") from e
 
-    if bodies:
-        names = parts.bodies(gm)
-        inner = sum(len(getattr(gm, name).graph.nodes) for name in names)
-        outer_share = budget_s * len(gm.graph.nodes) / (len(gm.graph.nodes) + inner)
-        gm = parts.optimize_bodies(gm, names, budget_s - outer_share, one)
-        out = one(gm, inputs, outer_share, bodies=False)
-    else:
-        out = parts.optimize_stretches(gm, inputs, budget_s, one)
-    report.merge(reports)
+    out, report.parts = parts.optimize_parts(gm, inputs, one)
     return out
 
 

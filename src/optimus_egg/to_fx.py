@@ -23,10 +23,10 @@ from torch.fx.graph_module import (
 from optimus_egg import ops
 from optimus_egg.extract.graph import Graph
 from optimus_egg.extract.greedy import Extraction
-from optimus_egg.from_fx import Lowered, Slot
+from optimus_egg.from_fx import PART, Lowered, Slot
 from optimus_egg.shapes import SYMBOLIC_MIN, has_symbolic_sizes
 
-_META_KEYS = ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack")
+_META_KEYS = ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack", PART)
 
 
 @dataclass
