@@ -47,7 +47,7 @@ import torch._dynamo
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import HealthCheck, Phase, assume, event, given, note, settings
+from hypothesis import HealthCheck, Phase, assume, event, example, given, note, settings
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import optimus_egg
@@ -564,6 +564,12 @@ def test_random_graph_optimizes_to_same_values(prog):
 @settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=DERANDOMIZE, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(prog=programs(), dynamic=st.booleans())
+# A chunk piece ((s27 + 3)//4 wide) stacked with linears' outputs (3 wide): one size two ways,
+# equal under the capture's guards (shapes._guarded_ints); egglog panicked on the stack's shape.
+@example(prog={"n": 4, "d": 3, "b": 4, "steps": (("dropout", "F.dropout", [0]), ("fanout", 0, False, [0, 1, 3]),
+                                                 ("stack_binary", "add", 1, "tanh", [0, 1, 3])),
+               "split": "chunk", "out": "cat", "tap": None, "block": None, "special": False,
+               "dtype": torch.float32, "seed": 0}, dynamic=True)
 def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
     """The same programs captured by Dynamo (parameters lifted to inputs, example_value meta;
     with dynamic=True, a symbolic batch size that static-shape rules skip)."""

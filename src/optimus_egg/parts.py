@@ -62,9 +62,9 @@ def stretches(gm: fx.GraphModule) -> list[list[fx.Node]]:
         if changes_state(n):
             runs.append([])
         elif n.op.startswith("call"):
-            src = n.args[0] if n.target is operator.getitem and n.args else None
-            run = home.get(src, runs[-1]) if isinstance(_meta_value(src) if isinstance(src, fx.Node) else None,
-                                                        (tuple, list)) else runs[-1]
+            src = n.args[0] if n.target is operator.getitem else None
+            item = isinstance(src, fx.Node) and isinstance(_meta_value(src), (tuple, list))
+            run = home.get(src, runs[-1]) if item else runs[-1]
             run.append(n)
             home[n] = run
     return [r for r in runs if r]
@@ -83,8 +83,13 @@ def bodies(gm: fx.GraphModule) -> list[str]:
             if isinstance(body, fx.Node) and body.op == "get_attr":
                 calls[body.target] = calls.get(body.target, 0) + 1
     return [t for t, k in calls.items() if k == 1 and reads.get(t) == 1 and "." not in t
-            and isinstance(getattr(gm, t, None), fx.GraphModule)
-            and not any(n.op == "call_module" for n in getattr(gm, t).graph.nodes)]
+            and isinstance(getattr(gm, t, None), fx.GraphModule) and _optimizable_body(getattr(gm, t))]
+
+
+def _optimizable_body(body: fx.GraphModule) -> bool:
+    """Example values for every placeholder (meta), and no call_module (its target is the body's)."""
+    return all(_meta_value(n) is not None for n in body.graph.nodes if n.op == "placeholder") and not any(
+        n.op == "call_module" for n in body.graph.nodes)
 
 
 @dataclass
@@ -140,21 +145,16 @@ class Plan:
         get_attr reads, else the leaf's meta value; if a leaf of a stretch has none, fake
         values propagated through the whole of gm."""
         given = dict(zip((n for n in self.gm.graph.nodes if n.op == "placeholder"), example_inputs))
-        values, missing = [], False
+        values = []
         for i, leaf in self.leaf_of:
-            if leaf in given and self.parts[i].body is None:
-                values.append(given[leaf])
-            elif leaf.op == "get_attr":
-                values.append(_fetch(getattr(self.gm, self.parts[i].body) if self.parts[i].body else self.gm, leaf.target))
-            else:
-                values.append(_meta_value(leaf))
-                missing |= values[-1] is None and self.parts[i].body is None
-        if missing:
-            fakes = _fake_values(self.gm, example_inputs)
-            values = [fakes.get(leaf) if v is None and self.parts[i].body is None else v
-                      for v, (i, leaf) in zip(values, self.leaf_of)]
+            body = self.parts[i].body
+            if leaf.op == "get_attr":
+                values.append(_fetch(getattr(self.gm, body) if body else self.gm, leaf.target))
+            else:  # (a body's placeholders all have meta: `bodies`)
+                values.append(given[leaf] if leaf in given and body is None else _meta_value(leaf))
         if any(v is None for v in values):
-            raise RuntimeError("no example value for a body's input (its placeholder has no meta)")
+            fakes = _fake_values(self.gm, example_inputs)
+            values = [fakes[leaf] if v is None else v for v, (_, leaf) in zip(values, self.leaf_of)]
         return values
 
     def rebuild(self, out: fx.GraphModule) -> fx.GraphModule:
@@ -173,6 +173,11 @@ class Plan:
                 lookup[n] = graph.node_copy(n, lookup.__getitem__)
                 lookup[n].meta.pop(PART, None)
 
+        def result(i: int, o: fx.Node, lookup: dict):
+            """What part i's output o became."""
+            v = produced[i, o]
+            return lookup[v] if isinstance(v, fx.Node) else v
+
         # Each body: a new module with the body's placeholders, get_attrs and output structure.
         new_bodies = {}
         for i, p in enumerate(self.parts):
@@ -189,7 +194,8 @@ class Plan:
             emit(bg, i, lookup)
             own = {leaf: lookup[ph] for ph, (j, leaf) in leaf_of.items() if j == i}
             out_node = next(n for n in old.graph.nodes if n.op == "output")
-            bg.output(fx.node.map_arg(out_node.args[0], lambda a, i=i, own=own, lookup=lookup: own[a] if a in own else lookup[produced[i, a]]))
+            bg.output(fx.node.map_arg(out_node.args[0],
+                                      lambda a, i=i, own=own, lookup=lookup: own[a] if a in own else result(i, a, lookup)))
             bg._codegen = copy.copy(old.graph._codegen)
             new_bodies[p.body] = fx.GraphModule(old, bg, class_name=type(old).__name__)
 
@@ -210,14 +216,14 @@ class Plan:
                 lookup = {ph: env[leaf] for ph, (j, leaf) in leaf_of.items() if j <= i}  # (stretches come first)
                 lookup.update(attrs)
                 emit(g, i, lookup)
-                env.update({o: lookup[produced[i, o]] for o in self.parts[i].outputs})
+                env.update({o: result(i, o, lookup) for o in self.parts[i].outputs})
             elif n.op not in ("placeholder", "get_attr") and n not in inside:
                 env[n] = g.node_copy(n, lambda a: env[a])
         g._codegen = copy.copy(self.gm.graph._codegen)
-        result = graph_module(self.gm, g, class_name=type(self.gm).__name__)
+        rebuilt = graph_module(self.gm, g, class_name=type(self.gm).__name__)
         for name, body in new_bodies.items():
-            setattr(result, name, body)
-        return result
+            setattr(rebuilt, name, body)
+        return rebuilt
 
     def _parts_of(self, out: fx.GraphModule, leaf_of: dict) -> dict[fx.Node, int]:
         """The part of each computing node of `out`: its tag (from the node it came from), else

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,10 @@ def symbolic_shape(v, symbols: dict[str, tuple[int, object]]) -> tuple[int, ...]
         if getattr(expr, "is_Integer", False):  # a SymInt that is a constant (make_fx)
             out.append(int(expr))
             continue
+        k = None if expr.is_Symbol else _guarded_ints(getattr(d.node, "shape_env", None)).get(expr)
+        if k is not None:  # an expression the capture guards equal to an int
+            out.append(k)
+            continue
         sym = symbols.get(str(expr))
         if sym is None and not expr.is_Symbol and _computable(expr, symbols):
             sym = symbols[str(expr)] = (_sentinel(len(symbols)), expr)
@@ -107,6 +112,30 @@ def symbolic_shape(v, symbols: dict[str, tuple[int, object]]) -> tuple[int, ...]
             return None
         out.append(sym[0])
     return tuple(out)
+
+
+_GUARDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ShapeEnv -> (guards read, expr -> int)
+
+
+def _guarded_ints(env) -> dict:
+    """expression -> int for each guard `Eq(expression, int)` of a ShapeEnv. The graph only runs
+    where its guards hold, and Dynamo guards each equality it relies on: a stack of a chunk
+    piece, ((s27 + 3)//4) wide, and a linear's output, 3 wide, adds Eq((s27 + 3)//4, 3). Read as
+    two sizes, rules that derive the stack's width both ways would give one tensor two shapes."""
+    if env is None:
+        return {}
+    guards = getattr(env, "guards", None) or []
+    seen, known = _GUARDED.get(env, (0, {}))
+    for g in guards[seen:]:
+        e = getattr(g, "expr", None)
+        if getattr(e, "is_Equality", False):
+            a, b = e.args
+            if b.is_Integer and not a.is_Integer:
+                known[a] = int(b)
+            elif a.is_Integer and not b.is_Integer:
+                known[b] = int(a)
+    _GUARDED[env] = (len(guards), known)
+    return known
 
 
 def _computable(expr, symbols) -> bool:
