@@ -37,6 +37,7 @@ each) that optimus_egg changes; failures are reported as found, not shrunk.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -61,12 +62,14 @@ INDUCTOR_EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_INDUCTOR_EXAMPLES", "8"
 DERANDOMIZE = not os.environ.get("OPTIMUS_EGG_FUZZ_RANDOM")
 
 
-# Blocks a program may run some steps in (Dynamo: state-change nodes; optimize cuts the graph
-# there, parts.py). The Dynamo test runs under no_grad, so enable_grad changes the mode.
+# Blocks a program may run some steps in (Dynamo: state-change nodes, or for "checkpoint" a
+# body graph; optimize cuts the graph into parts there, parts.py). The Dynamo test runs under
+# no_grad, so enable_grad changes the mode. Outside Dynamo "checkpoint" is no block at all.
 # (No inference_mode: an in-place step after it writes an inference tensor, which eager rejects.)
 BLOCKS = {
     "enable_grad": torch.enable_grad,
     "autocast_off": lambda: torch.autocast("cpu", enabled=False),
+    "checkpoint": contextlib.nullcontext,
 }
 
 
@@ -466,9 +469,12 @@ class Program(nn.Module):
         first, count, kind = self.prog["block"] or (len(steps), 0, "enable_grad")
         for k, s in steps[:first]:
             ps = self.tapped(k, s, ps, taps)
-        with BLOCKS[kind]():
-            for k, s in steps[first:first + count]:
-                ps = self.tapped(k, s, ps, taps)
+        if kind == "checkpoint" and count and torch.compiler.is_compiling():
+            ps = self.checkpointed(steps[first:first + count], ps, taps)
+        else:
+            with BLOCKS[kind]():
+                for k, s in steps[first:first + count]:
+                    ps = self.tapped(k, s, ps, taps)
         for k, s in steps[first + count:]:
             ps = self.tapped(k, s, ps, taps)
         out = self.prog["out"]
@@ -484,6 +490,21 @@ class Program(nn.Module):
             return (*[ps[i] for i in range(n)], *taps)
         return (y, *taps) if taps else y
 
+
+    def checkpointed(self, steps, ps, taps):
+        """The steps inside torch.utils.checkpoint (Dynamo: a body graph, parts.py), the taps
+        they take returned as outputs."""
+        n = len(ps)
+
+        def body(*xs):
+            qs, got = list(xs), []
+            for k, s in steps:
+                qs = self.tapped(k, s, qs, got)
+            return (*qs, *got)
+
+        out = torch.utils.checkpoint.checkpoint(body, *ps, use_reentrant=False)
+        taps += out[n:]
+        return list(out[:n])
 
     def tapped(self, k, s, ps, taps):
         ps = self.step(k, s, ps)
