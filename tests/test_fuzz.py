@@ -591,6 +591,12 @@ def test_random_graph_optimizes_to_same_values(prog):
                                                  ("stack_binary", "add", 1, "tanh", [0, 1, 3])),
                "split": "chunk", "out": "cat", "tap": None, "block": None, "special": False,
                "dtype": torch.float32, "seed": 0}, dynamic=True)
+# A checkpointed body beside a symbolic batch: the body module read by get_attr had no meta
+# value, so the parts' graph was run on symbolic example values instead of read from meta.
+@example(prog={"n": 2, "d": 3, "b": 2, "steps": (("linear", "own", False, [0]), ("regroup", "cat_view_unbind"),
+                                                 ("layer_norm", "affine", [0])),
+               "split": "split", "out": "cat", "tap": None, "block": (0, 2, "checkpoint"), "special": False,
+               "dtype": torch.float32, "seed": 0}, dynamic=True)
 def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
     """The same programs captured by Dynamo (parameters lifted to inputs, example_value meta;
     with dynamic=True, a symbolic batch size that static-shape rules skip)."""

@@ -139,6 +139,9 @@ class Plan:
         g.output(tuple(outs))
         self.combined = fx.GraphModule(gm, g, class_name=type(gm).__name__)
         self.values = self._example_values(example_inputs)
+        for ph, v in zip((n for n in g.nodes if n.op == "placeholder"), self.values):
+            if _meta_value(ph) is None and not isinstance(v, torch.Tensor):
+                ph.meta["val"] = v  # (a body module read by get_attr): every node has its value in meta
 
     def _example_values(self, example_inputs: list) -> list:
         """The value of each leaf: the example input of a placeholder of gm, the attribute a
