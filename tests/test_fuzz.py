@@ -33,7 +33,9 @@ The comparisons above run the optimized graph eagerly. Two more tests compile it
 (C++ on CPU), whose fusion and buffer reuse see the rewritten graph: the values of inference, and
 the gradients of training (AOTAutograd's backward of the rewritten forward), against eager.
 OPTIMUS_EGG_FUZZ_INDUCTOR_EXAMPLES programs (default 8, and half as many in training; 1-10 s
-each) that optimus_egg changes; failures are reported as found, not shrunk.
+each) that optimus_egg changes; failures are reported as found, not shrunk. A third trains
+programs through torch.compile with the optimus_egg backend (Dynamo's graph, blocks and
+checkpointed steps cut into parts): outputs and every gradient, None where eager has none.
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ DERANDOMIZE = not os.environ.get("OPTIMUS_EGG_FUZZ_RANDOM")
 # (No inference_mode: an in-place step after it writes an inference tensor, which eager rejects.)
 BLOCKS = {
     "enable_grad": torch.enable_grad,
+    "no_grad": torch.no_grad,  # (a change only in training: test_random_program_trains_through_the_backend)
     "autocast_off": lambda: torch.autocast("cpu", enabled=False),
     "checkpoint": contextlib.nullcontext,
 }
@@ -778,6 +781,46 @@ def test_random_graph_trains_to_same_grads(prog):
         return _param_grads(gm)
 
     _assert_compiles_like(compiled, out, gm, expected)
+
+
+@settings(max_examples=max(1, INDUCTOR_EXAMPLES // 2), **INDUCTOR_SETTINGS)
+@given(prog=programs())
+def test_random_program_trains_through_the_backend(prog):
+    """torch.compile(model, backend=optimus_egg.backend(...)) in training, on Dynamo's graph:
+    blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts.
+    The outputs and every parameter's gradient (None where eager has none) equal eager's."""
+    import copy
+
+    from optimus_egg.measure import _backward_seed
+
+    assume(not prog["special"] and not any(s[0] == "dropout" for s in prog["steps"]))
+    note(f"program: {prog}")
+    model = Program(prog).to(prog["dtype"]).eval()
+    ref = copy.deepcopy(model)
+    x = make_input(prog)
+    try:
+        expected = ref(x.clone())
+        seed = _backward_seed(expected)
+        assume(seed is not None)
+        seed.backward()
+    except RuntimeError:  # autograd rejects an in-place step here
+        assume(False)
+    reports = []
+
+    def backend(gm, example_inputs):
+        reports.append(optimus_egg.optimize(gm, list(example_inputs), 0.5, strict=True).meta["optimus_egg"])
+        return optimus_egg.backend(budget_s=0.5, strict=True)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    got = torch.compile(model, backend=backend)(x.clone())
+    _backward_seed(got).backward()
+    for r in reports:
+        event(f"backend: changed={r.changed}, parts={r.parts}")
+    torch.testing.assert_close(got, expected, equal_nan=True, **TOL_COMPILED)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=name: f"{n}: {m}", **TOL_COMPILED)
 
 
 # ---- the newer vocabulary reaches its rules -------------------------------------------------------

@@ -111,6 +111,38 @@ def test_an_input_free_call_in_two_stretches_is_not_shared():
     torch.testing.assert_close(out, ref(x))
 
 
+class FeedsABlock(nn.Module):
+    """Four linears on x: two only feed a no_grad block after them, two feed the output."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        ys = [lin(x) for lin in self.ls]
+        with torch.no_grad():
+            z = torch.tanh(ys[0] + ys[1])
+        return z * ys[2] * ys[3]
+
+
+def test_linears_that_only_feed_a_no_grad_block_batch_apart():
+    """The first stretch's four linears are its outputs, but a gradient reaches only two of
+    them (the others feed the no_grad block): two groups, and the first two keep no gradient."""
+    m, ref = twin(FeedsABlock)
+    x = torch.randn(4, 8)
+    out, (report,) = through_backend(m, x)
+    assert report.parts == 3 and report.groups.get("linear") == 2, report.groups  # 2 + 2, not 4
+    expected = ref(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        if name.startswith(("ls.0.", "ls.1.")):
+            assert p.grad is None and q.grad is None, name
+        else:
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+
+
 class SplitUnderNoGrad(nn.Module):
     """A split under no_grad and the cat of its pieces after it: they do not cancel (the cat of
     pieces computed without grad has none; x itself has one)."""

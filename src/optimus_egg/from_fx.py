@@ -162,6 +162,7 @@ GLOBAL_STATE = {"_set_grad_enabled", "_enter_autocast", "_exit_autocast", "_ente
 # Node meta key: the part a node belongs to in a graph of parts side by side (parts.py). Groups
 # and shared templates never span two parts.
 PART = "optimus_egg_part"
+GRAD_REACH = "optimus_egg_grad_reach"  # meta: whether a gradient of the outputs reaches the node (_grad_reach)
 # Calls that open or close a functorch transform (vmap, grad, jvp) traced inline: nodes
 # between them see batched or dual tensors; such a graph is not lowered at all.
 _TRANSFORMS = {"_vmap_increment_nesting", "_vmap_decrement_nesting", "_grad_increment_nesting",
@@ -930,16 +931,20 @@ class _Lowerer:
         counts.pop("_lhs", None)
 
 
-def _grad_reach(graph: fx.Graph, values) -> set[fx.Node]:
+def _grad_reach(graph: fx.Graph, values, no_grad: set[fx.Node] | frozenset = frozenset()) -> set[fx.Node]:
     """The nodes a gradient of the outputs can reach: back from the outputs through every node
-    with a floating (or unknown) value, except detach. Eagerly, a parameter whose uses all lie
-    outside gets no gradient (grad None); batched with one inside, it would get zeros, which an
-    optimizer with momentum or weight decay does not skip. So groups never mix the two."""
+    with a floating (or unknown) value, except detach and the nodes in `no_grad` (run with grad
+    disabled). Eagerly, a parameter whose uses all lie outside gets no gradient (grad None);
+    batched with one inside, it would get zeros, which an optimizer with momentum or weight
+    decay does not skip. So groups never mix the two. A graph of parts (parts.py) carries the
+    reach of the whole graph in meta[GRAD_REACH]: a part's output may only feed a no_grad block."""
+    if any(GRAD_REACH in n.meta for n in graph.nodes):
+        return {n for n in graph.nodes if n.meta.get(GRAD_REACH)}
     reach: set[fx.Node] = set()
     todo = [a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes]
     while todo:
         n = todo.pop()
-        if n in reach or (n.op in ("call_function", "call_method") and _name(n.target) == "detach") or (
+        if n in reach or n in no_grad or (n.op in ("call_function", "call_method") and _name(n.target) == "detach") or (
                 n.target is getattr and n.args[1] == "data"):
             continue
         v = values.get(n)

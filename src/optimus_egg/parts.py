@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from optimus_egg.from_fx import GLOBAL_STATE, PART, _name
+from optimus_egg.from_fx import GLOBAL_STATE, GRAD_REACH, PART, _grad_reach, _name
 from optimus_egg.shapes import _fetch, _meta_value
 
 MIN_NODES = 2  # a stretch with fewer call nodes has nothing to batch or cancel
@@ -122,19 +122,20 @@ class Plan:
         self.gm = gm
         runs = stretches(gm) if has_state_changes(gm) else [[n for n in gm.graph.nodes if n.op.startswith("call")]]
         self.parts = [_stretch(r) for r in runs if len(r) >= MIN_NODES] + [_body(gm, b) for b in bodies(gm)]
+        reach = self._grad_reach()
         g = fx.Graph()
         env: dict[tuple[int, fx.Node], fx.Node] = {}
         self.leaf_of: list[tuple[int, fx.Node]] = []  # per placeholder of `combined`
         for i, p in enumerate(self.parts):
             for leaf in p.leaves:
                 ph = env[i, leaf] = g.placeholder(f"part{i}_{leaf.name}")
-                ph.meta = {**leaf.meta, PART: i}
+                ph.meta = {**leaf.meta, PART: i, GRAD_REACH: leaf in reach}
                 self.leaf_of.append((i, leaf))
         outs = []
         for i, p in enumerate(self.parts):
             for n in p.nodes:
                 env[i, n] = g.node_copy(n, lambda a, i=i: env[i, a])
-                env[i, n].meta[PART] = i
+                env[i, n].meta.update({PART: i, GRAD_REACH: n in reach})
             outs += [env[i, n] for n in p.outputs]
         g.output(tuple(outs))
         self.combined = fx.GraphModule(gm, g, class_name=type(gm).__name__)
@@ -142,6 +143,21 @@ class Plan:
         for ph, v in zip((n for n in g.nodes if n.op == "placeholder"), self.values):
             if _meta_value(ph) is None and not isinstance(v, torch.Tensor):
                 ph.meta["val"] = v  # (a body module read by get_attr): every node has its value in meta
+
+    def _grad_reach(self) -> set[fx.Node]:
+        """The nodes of gm and of its bodies a gradient of gm's outputs reaches (from_fx's
+        _grad_reach): none run with grad disabled, and a body's only if its call is reached."""
+        def meta(graph: fx.Graph) -> dict:
+            return {n: _meta_value(n) for n in graph.nodes}
+
+        reach = _grad_reach(self.gm.graph, meta(self.gm.graph), _grad_disabled(self.gm))
+        for p in self.parts:
+            if p.body is not None:
+                body = getattr(self.gm, p.body)
+                call = next(u for n in self.gm.graph.nodes if n.op == "get_attr" and n.target == p.body for u in n.users)
+                if call in reach:
+                    reach |= _grad_reach(body.graph, meta(body.graph), _grad_disabled(body))
+        return reach
 
     def _example_values(self, example_inputs: list) -> list:
         """The value of each leaf: the example input of a placeholder of gm, the attribute a
@@ -256,6 +272,24 @@ class Plan:
                 if j != i and not (stretches_in_order and (a in leaf_of or a.target in _SIZE_OPS)):
                     raise RuntimeError(f"parts: {n.name} (part {i}) reads {a.name} (part {j})")
         return part_of
+
+
+def _grad_disabled(gm: fx.GraphModule) -> set[fx.Node]:
+    """The call nodes of gm that run with grad disabled by gm's own state changes (no_grad,
+    set_grad_enabled, inference_mode); gm itself is taken to start with grad enabled."""
+    grad, saved, off = True, [], set()
+    for n in gm.graph.nodes:
+        name = _name(n.target) if n.op == "call_function" else ""
+        if name == "_set_grad_enabled":
+            grad = bool(n.args[0])
+        elif name == "_enter_inference_mode":
+            saved.append(grad)
+            grad = grad and not n.args[0]
+        elif name == "_exit_inference_mode" and saved:
+            grad = saved.pop()
+        elif n.op.startswith("call") and not grad:
+            off.add(n)
+    return off
 
 
 def _fake_values(gm: fx.GraphModule, example_inputs: list) -> dict[fx.Node, object]:
