@@ -823,6 +823,28 @@ def test_random_program_trains_through_the_backend(prog):
             torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=name: f"{n}: {m}", **TOL_COMPILED)
 
 
+def test_a_program_whose_rewritten_backward_broke_a_post_grad_pass_trains():
+    """Found by the test above: two linears on one part and a div of stacked pieces. torch
+    2.13's select_cat_aten_pass raised IndexError in Inductor on the rewritten graph's
+    backward; the backend leaves that pass out (baselines.EGG_POST_GRAD)."""
+    import copy
+
+    from optimus_egg.measure import _backward_seed
+
+    prog = _prog([("fanout", 0, False, (0, 1)), ("stack_binary", "div", -1, "tanh", (0, 2))], d=8, b=3, seed=0)
+    model = Program(prog).eval()
+    ref = copy.deepcopy(model)
+    x = make_input(prog)
+    torch._dynamo.reset()
+    got = torch.compile(model, backend=optimus_egg.backend(budget_s=0.5, strict=True))(x.clone())
+    _backward_seed(got).backward()
+    expected = ref(x.clone())
+    _backward_seed(expected).backward()
+    torch.testing.assert_close(got, expected, **TOL_COMPILED)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=name: f"{n}: {m}", **TOL_COMPILED)
+
+
 # ---- the newer vocabulary reaches its rules -------------------------------------------------------
 
 def _prog(steps, n=3, d=4, b=2, split="split", out="cat", **kw):
