@@ -143,6 +143,45 @@ def test_linears_that_only_feed_a_no_grad_block_batch_apart():
             torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
 
 
+class CatSplitUnderNoGrad(nn.Module):
+    """Inside a no_grad block two linears' outputs are cat and split back. The pair cancels,
+    so the block's results are its inputs: they must come out detached, as the block's own
+    results would (ls.1 then gets no gradient, as in eager)."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(2))
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x):
+        a, b = (lin(x) for lin in self.ls)
+        with torch.no_grad():
+            p, q = torch.split(torch.cat([a, b], 1), 8, 1)
+        return self.out(p + q) + a
+
+
+@pytest.mark.parametrize("capture", ["dynamo", "export"])
+def test_a_cat_and_split_that_cancel_in_a_no_grad_block_come_out_detached(capture):
+    m, ref = twin(CatSplitUnderNoGrad)
+    x = torch.randn(4, 8)
+    if capture == "dynamo":
+        out, (report,) = through_backend(m, x)
+    else:  # the block is a body, run by wrap_with_set_grad_enabled(False, ...)
+        gm = torch.export.export(m, (x,)).module()
+        optimized = optimus_egg.optimize(gm, [x], 2.0, strict=True)
+        report = optimized.meta["optimus_egg"]
+        out = optimized(x)
+    assert report.matches["cat-of-split-pieces"] + report.matches.get("split-piece-narrow", 0) > 0, report.matches
+    expected = ref(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+
+
 class SplitUnderNoGrad(nn.Module):
     """A split under no_grad and the cat of its pieces after it: they do not cancel (the cat of
     pieces computed without grad has none; x itself has one)."""

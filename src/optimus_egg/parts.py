@@ -98,6 +98,8 @@ class Part:
     leaves: list[fx.Node]    # what it reads from outside: gm's nodes before it, or the body's placeholders and get_attrs
     outputs: list[fx.Node]   # its nodes read after it (a stretch), or those the body returns
     body: str | None = None  # the attribute holding the body
+    call: fx.Node | None = None  # a body's: the call of gm that runs it
+    grad_off: bool = False   # it runs with grad disabled (a no_grad block, or export's no_grad body)
 
 
 def _stretch(run: list[fx.Node]) -> Part:
@@ -111,7 +113,8 @@ def _body(gm: fx.GraphModule, name: str) -> Part:
     leaves = [n for n in graph.nodes if n.op == "placeholder"] + [n for n in graph.nodes if n.op == "get_attr"]
     outputs = list(dict.fromkeys(a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes
                                  if a.op not in ("placeholder", "get_attr")))
-    return Part([n for n in graph.nodes if n.op.startswith("call")], leaves, outputs, body=name)
+    call = next(u for n in gm.graph.nodes if n.op == "get_attr" and n.target == name for u in n.users)
+    return Part([n for n in graph.nodes if n.op.startswith("call")], leaves, outputs, body=name, call=call)
 
 
 class Plan:
@@ -122,6 +125,9 @@ class Plan:
         self.gm = gm
         runs = stretches(gm) if has_state_changes(gm) else [[n for n in gm.graph.nodes if n.op.startswith("call")]]
         self.parts = [_stretch(r) for r in runs if len(r) >= MIN_NODES] + [_body(gm, b) for b in bodies(gm)]
+        off = _grad_disabled(gm)
+        for p in self.parts:
+            p.grad_off = (p.call or p.nodes[0]) in off
         reach = self._grad_reach()
         g = fx.Graph()
         env: dict[tuple[int, fx.Node], fx.Node] = {}
@@ -152,11 +158,9 @@ class Plan:
 
         reach = _grad_reach(self.gm.graph, meta(self.gm.graph), _grad_disabled(self.gm))
         for p in self.parts:
-            if p.body is not None:
+            if p.body is not None and p.call in reach and not p.grad_off:
                 body = getattr(self.gm, p.body)
-                call = next(u for n in self.gm.graph.nodes if n.op == "get_attr" and n.target == p.body for u in n.users)
-                if call in reach:
-                    reach |= _grad_reach(body.graph, meta(body.graph), _grad_disabled(body))
+                reach |= _grad_reach(body.graph, meta(body.graph), _grad_disabled(body))
         return reach
 
     def _example_values(self, example_inputs: list) -> list:
@@ -192,10 +196,16 @@ class Plan:
                 lookup[n] = graph.node_copy(n, lookup.__getitem__)
                 lookup[n].meta.pop(PART, None)
 
-        def result(i: int, o: fx.Node, lookup: dict):
-            """What part i's output o became."""
+        def result(graph: fx.Graph, i: int, o: fx.Node, lookup: dict):
+            """What part i's output o became. Out of a part run with grad disabled, a value it
+            only passes through (a split and cat there cancelled) is detached, as the part's own
+            result would be."""
             v = produced[i, o]
-            return lookup[v] if isinstance(v, fx.Node) else v
+            if not isinstance(v, fx.Node):
+                return v
+            if self.parts[i].grad_off and v.op in ("placeholder", "get_attr"):
+                return graph.call_method("detach", (lookup[v],))
+            return lookup[v]
 
         # Each body: a new module with the body's placeholders, get_attrs and output structure.
         new_bodies = {}
@@ -214,7 +224,7 @@ class Plan:
             own = {leaf: lookup[ph] for ph, (j, leaf) in leaf_of.items() if j == i}
             out_node = next(n for n in old.graph.nodes if n.op == "output")
             bg.output(fx.node.map_arg(out_node.args[0],
-                                      lambda a, i=i, own=own, lookup=lookup: own[a] if a in own else result(i, a, lookup)))
+                                      lambda a, i=i, own=own, lookup=lookup: own[a] if a in own else result(bg, i, a, lookup)))
             bg._codegen = copy.copy(old.graph._codegen)
             new_bodies[p.body] = fx.GraphModule(old, bg, class_name=type(old).__name__)
 
@@ -235,7 +245,7 @@ class Plan:
                 lookup = {ph: env[leaf] for ph, (j, leaf) in leaf_of.items() if j <= i}  # (stretches come first)
                 lookup.update(attrs)
                 emit(g, i, lookup)
-                env.update({o: result(i, o, lookup) for o in self.parts[i].outputs})
+                env.update({o: result(g, i, o, lookup) for o in self.parts[i].outputs})
             elif n.op not in ("placeholder", "get_attr") and n not in inside:
                 env[n] = g.node_copy(n, lambda a: env[a])
         g._codegen = copy.copy(self.gm.graph._codegen)
@@ -276,7 +286,8 @@ class Plan:
 
 def _grad_disabled(gm: fx.GraphModule) -> set[fx.Node]:
     """The call nodes of gm that run with grad disabled by gm's own state changes (no_grad,
-    set_grad_enabled, inference_mode); gm itself is taken to start with grad enabled."""
+    set_grad_enabled, inference_mode), and torch.export's no_grad bodies' calls; gm itself is
+    taken to start with grad enabled."""
     grad, saved, off = True, [], set()
     for n in gm.graph.nodes:
         name = _name(n.target) if n.op == "call_function" else ""
@@ -287,7 +298,7 @@ def _grad_disabled(gm: fx.GraphModule) -> set[fx.Node]:
             grad = grad and not n.args[0]
         elif name == "_exit_inference_mode" and saved:
             grad = saved.pop()
-        elif n.op.startswith("call") and not grad:
+        elif n.op.startswith("call") and (not grad or (name == "wrap_with_set_grad_enabled" and not n.args[0])):
             off.add(n)
     return off
 
