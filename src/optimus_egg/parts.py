@@ -222,9 +222,9 @@ class Plan:
                     lookup[ph].meta = dict(leaf.meta)
             emit(bg, i, lookup)
             own = {leaf: lookup[ph] for ph, (j, leaf) in leaf_of.items() if j == i}
-            out_node = next(n for n in old.graph.nodes if n.op == "output")
-            bg.output(fx.node.map_arg(out_node.args[0],
-                                      lambda a, i=i, own=own, lookup=lookup: own[a] if a in own else result(bg, i, a, lookup)))
+            returned = next(n for n in old.graph.nodes if n.op == "output").args[0]
+            bg.output(fx.node.map_arg(returned, lambda a, i=i, own=own, lookup=lookup, bg=bg:
+                                      own[a] if a in own else result(bg, i, a, lookup)))
             bg._codegen = copy.copy(old.graph._codegen)
             new_bodies[p.body] = fx.GraphModule(old, bg, class_name=type(old).__name__)
 
