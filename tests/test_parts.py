@@ -71,6 +71,16 @@ def twin(make):
     return m, ref
 
 
+def assert_same_grads(m, ref, none=(), **tol):
+    """Every parameter's gradient is eager's (`ref`'s): None where eager's is None, as it must
+    be for the names starting with `none`, else close."""
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        assert q.grad is None or not name.startswith(none), f"{name}: eager gives it a gradient"
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}", **tol)
+
+
 @pytest.mark.parametrize("block", list(BLOCKS))
 def test_a_block_is_batched_apart_from_the_rest(block):
     m, ref = twin(lambda: TwoBlocks(BLOCKS[block]))
@@ -82,11 +92,7 @@ def test_a_block_is_batched_apart_from_the_rest(block):
     torch.testing.assert_close(out, expected)
     out.square().sum().backward()
     expected.square().sum().backward()
-    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-        if name.startswith("inside"):  # computed without grad: batched with `outside`, they would get one
-            assert p.grad is None and q.grad is None, name
-        else:
-            torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+    assert_same_grads(m, ref, none="inside")  # computed without grad: batched with `outside`, they would get one
 
 
 class SameCallTwice(TwoBlocks):
@@ -136,11 +142,7 @@ def test_linears_that_only_feed_a_no_grad_block_batch_apart():
     torch.testing.assert_close(out, expected)
     out.sum().backward()
     expected.sum().backward()
-    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-        if name.startswith(("ls.0.", "ls.1.")):
-            assert p.grad is None and q.grad is None, name
-        else:
-            torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+    assert_same_grads(m, ref, none=("ls.0.", "ls.1."))
 
 
 class CatSplitUnderNoGrad(nn.Module):
@@ -176,10 +178,7 @@ def test_a_cat_and_split_that_cancel_in_a_no_grad_block_come_out_detached(captur
     torch.testing.assert_close(out, expected)
     out.sum().backward()
     expected.sum().backward()
-    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-        assert (p.grad is None) == (q.grad is None), name
-        if q.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+    assert_same_grads(m, ref, none="ls.1.")
 
 
 class SplitUnderNoGrad(nn.Module):
@@ -207,8 +206,7 @@ def test_a_split_and_cat_across_a_block_do_not_cancel():
     out.sum().backward()
     assert x.grad is None  # as in eager: no gradient flows through the no_grad split
     expected.sum().backward()
-    for p, q in zip(m.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad)
+    assert_same_grads(m, ref)
 
 
 class Autocast(nn.Module):
@@ -239,8 +237,7 @@ def test_an_autocast_block_is_batched_in_bf16(training):
     if training:
         out.sum().backward()
         expected.sum().backward()
-        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-2, msg=lambda s, n=name: f"{n}: {s}")
+        assert_same_grads(m, ref, rtol=5e-2, atol=5e-2)
 
 
 def test_stretches_are_the_runs_between_state_changes():
@@ -352,8 +349,7 @@ def test_a_checkpointed_body_is_optimized_as_a_graph_of_its_own():
     torch.testing.assert_close(out, expected)
     out.sum().backward()
     expected.sum().backward()
-    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+    assert_same_grads(m, ref)
 
 
 def test_a_checkpointed_model_trains_through_the_backend():
@@ -364,8 +360,7 @@ def test_a_checkpointed_model_trains_through_the_backend():
     torch.testing.assert_close(out, expected)
     out.square().sum().backward()
     expected.square().sum().backward()
-    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s, n=name: f"{n}: {s}")
+    assert_same_grads(m, ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("make", [lambda: TwoBlocks(torch.no_grad), Checkpointed], ids=["no_grad", "checkpoint"])
@@ -386,10 +381,7 @@ def test_parts_with_a_symbolic_batch(make):
         torch.testing.assert_close(out, expected)
         out.sum().backward()
         expected.sum().backward()
-        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-            assert (p.grad is None) == (q.grad is None), name
-            if p.grad is not None:
-                torch.testing.assert_close(p.grad, q.grad, msg=lambda s, n=name: f"{n}: {s}")
+        assert_same_grads(m, ref)
     (report,) = reports  # one capture serves every batch size
     assert report.parts == 2 and report.changed and report.matches["batch-linear-lhs"] >= 6, report
 
