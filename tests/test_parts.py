@@ -196,6 +196,21 @@ class SplitUnderNoGrad(nn.Module):
         return torch.cat([lin(y[:, 8 * i: 8 * i + 8]) for i, lin in enumerate(self.ls)], 1)
 
 
+def test_optimizing_twice_sees_no_trace_of_the_parts():
+    """The result carries none of the parts' meta, so optimizing it again starts afresh."""
+    from optimus_egg.from_fx import GRAD_REACH, PART
+
+    captured = []
+    torch.compile(TwoBlocks(torch.no_grad), backend=lambda gm, ex: captured.append((gm, list(ex))) or gm)(
+        torch.randn(4, 8))
+    (gm, inputs), = captured
+    once = optimus_egg.optimize(gm, inputs, 2.0, strict=True)
+    assert once.meta["optimus_egg"].changed
+    assert not any(PART in n.meta or GRAD_REACH in n.meta for n in once.graph.nodes)
+    twice = optimus_egg.optimize(once, inputs, 2.0, strict=True)
+    torch.testing.assert_close(twice(*inputs), gm(*inputs))
+
+
 def test_a_split_and_cat_across_a_block_do_not_cancel():
     m, ref = twin(SplitUnderNoGrad)
     x = torch.randn(4, 16, requires_grad=True)

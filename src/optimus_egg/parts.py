@@ -194,7 +194,8 @@ class Plan:
         def emit(graph: fx.Graph, i: int, lookup: dict) -> None:
             for n in by_part[i]:
                 lookup[n] = graph.node_copy(n, lookup.__getitem__)
-                lookup[n].meta.pop(PART, None)
+                lookup[n].meta.pop(PART, None)  # (only the parts' graph speaks of parts)
+                lookup[n].meta.pop(GRAD_REACH, None)
 
         def result(graph: fx.Graph, i: int, o: fx.Node, lookup: dict):
             """What part i's output o became. Out of a part run with grad disabled, a value it
