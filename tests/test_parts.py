@@ -418,3 +418,32 @@ def test_export_puts_a_block_in_a_body_which_is_optimized_alone(make):
     assert getattr(out, name) is not getattr(gm, name)
     torch.testing.assert_close(out(x), ref(x), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(gm(x), ref(x), rtol=2e-2, atol=2e-2)  # the input module is untouched
+
+
+class SharedAcrossABlock(nn.Module):
+    """The same three linears on x (under no_grad, by hand below) and on y."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, x, y):
+        return torch.cat([lin(x) for lin in self.ls] + [lin(y) for lin in self.ls], 1)
+
+
+def test_a_weight_two_parts_would_share_is_refused_with_a_warning():
+    """A hand-built graph reading the linears' weights by get_attr on both sides of a grad-mode
+    change: each part batches them, and the weights' cat would be one value computed under
+    no_grad and read with grad. The split-back check refuses it; the input comes back."""
+    gm = fx.symbolic_trace(SharedAcrossABlock())
+    linears = [n for n in gm.graph.nodes if n.op == "call_module"]
+    with gm.graph.inserting_before(linears[0]):
+        gm.graph.call_function(torch._C._set_grad_enabled, (False,))
+    with gm.graph.inserting_before(linears[3]):
+        gm.graph.call_function(torch._C._set_grad_enabled, (True,))
+    gm.recompile()
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    with pytest.warns(RuntimeWarning, match="reads cat"):
+        out = optimus_egg.optimize(gm, [x, y], 2.0)
+    assert not out.meta["optimus_egg"].changed
+    torch.testing.assert_close(out(x, y), gm(x, y))
