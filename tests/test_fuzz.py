@@ -783,66 +783,88 @@ def test_random_graph_trains_to_same_grads(prog):
     _assert_compiles_like(compiled, out, gm, expected)
 
 
+def trainable(prog):
+    """`prog` without training dropout (Inductor draws its own random numbers) and inf / NaN
+    inputs (a gradient through them is NaN either way)."""
+    steps = tuple(s for s in prog["steps"] if s[0] != "dropout") or (("pointwise", "tanh", 0, [0]),)
+    return {**prog, "steps": steps, "special": False}
+
+
 @settings(max_examples=max(1, INDUCTOR_EXAMPLES // 2), **INDUCTOR_SETTINGS)
-@given(prog=programs())
+@given(prog=programs().map(trainable))
 def test_random_program_trains_through_the_backend(prog):
     """torch.compile(model, backend=optimus_egg.backend(...)) in training, on Dynamo's graph:
     blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts.
-    The outputs and every parameter's gradient (None where eager has none) equal eager's."""
-    import copy
-
-    from optimus_egg.measure import _backward_seed
-
-    assume(not prog["special"] and not any(s[0] == "dropout" for s in prog["steps"]))
+    The outputs and every parameter's gradient (None where eager has none) equal eager's, or,
+    where plain torch.compile already differs from eager, plain torch.compile's (an eval-mode
+    dropout under no_grad returns its input eagerly, so gradients still flow through it, but
+    Dynamo marks its result as needing none)."""
     note(f"program: {prog}")
     model = Program(prog).to(prog["dtype"]).eval()
-    ref = copy.deepcopy(model)
     x = make_input(prog)
     try:
-        expected = ref(x.clone())
-        seed = _backward_seed(expected)
-        assume(seed is not None)
-        seed.backward()
+        expected = _trained(model, x, None)
     except RuntimeError:  # autograd rejects an in-place step here
         assume(False)
+    assume(expected is not None)
     reports = []
 
     def backend(gm, example_inputs):
         reports.append(optimus_egg.optimize(gm, list(example_inputs), 0.5, strict=True).meta["optimus_egg"])
         return optimus_egg.backend(budget_s=0.5, strict=True)(gm, example_inputs)
 
-    torch._dynamo.reset()
-    got = torch.compile(model, backend=backend)(x.clone())
-    _backward_seed(got).backward()
+    got = _trained(model, x, backend)
     for r in reports:
         event(f"backend: changed={r.changed}, parts={r.parts}")
-    torch.testing.assert_close(got, expected, equal_nan=True, **TOL_COMPILED)
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert (p.grad is None) == (q.grad is None), name
-        if p.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=name: f"{n}: {m}", **TOL_COMPILED)
+    if not _same_training(got, expected):
+        plain = _trained(model, x, "inductor")
+        if not _same_training(plain, expected):
+            event("plain torch.compile differs from eager")
+            expected = plain
+    _assert_same_training(got, expected)
+
+
+def _trained(model, x, backend):
+    """(outputs, {parameter: grad or None}) of one forward and backward of a copy of `model`,
+    eagerly (backend None) or through torch.compile; None if nothing to differentiate."""
+    import copy
+
+    from optimus_egg.measure import _backward_seed
+
+    m = copy.deepcopy(model)
+    torch._dynamo.reset()
+    out = (m if backend is None else torch.compile(m, backend=backend))(x.clone())
+    seed = _backward_seed(out)
+    if seed is None:
+        return None
+    seed.backward()
+    return out, {n: p.grad for n, p in m.named_parameters()}
+
+
+def _assert_same_training(got, expected):
+    torch.testing.assert_close(got[0], expected[0], equal_nan=True, **TOL_COMPILED)
+    for name, g in expected[1].items():
+        assert (got[1][name] is None) == (g is None), name
+        if g is not None:
+            torch.testing.assert_close(got[1][name], g, msg=lambda m, n=name: f"{n}: {m}", **TOL_COMPILED)
+
+
+def _same_training(got, expected) -> bool:
+    try:
+        _assert_same_training(got, expected)
+        return True
+    except AssertionError:
+        return False
 
 
 def test_a_program_whose_rewritten_backward_broke_a_post_grad_pass_trains():
     """Found by the test above: two linears on one part and a div of stacked pieces. torch
     2.13's select_cat_aten_pass raised IndexError in Inductor on the rewritten graph's
     backward; the backend leaves that pass out (baselines.EGG_POST_GRAD)."""
-    import copy
-
-    from optimus_egg.measure import _backward_seed
-
     prog = _prog([("fanout", 0, False, (0, 1)), ("stack_binary", "div", -1, "tanh", (0, 2))], d=8, b=3, seed=0)
-    model = Program(prog).eval()
-    ref = copy.deepcopy(model)
-    x = make_input(prog)
-    torch._dynamo.reset()
-    got = torch.compile(model, backend=optimus_egg.backend(budget_s=0.5, strict=True))(x.clone())
-    _backward_seed(got).backward()
-    expected = ref(x.clone())
-    _backward_seed(expected).backward()
-    torch.testing.assert_close(got, expected, **TOL_COMPILED)
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=name: f"{n}: {m}", **TOL_COMPILED)
+    model, x = Program(prog).eval(), make_input(prog)
+    got = _trained(model, x, optimus_egg.backend(budget_s=0.5, strict=True))
+    _assert_same_training(got, _trained(model, x, None))
 
 
 # ---- the newer vocabulary reaches its rules -------------------------------------------------------
