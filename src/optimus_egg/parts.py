@@ -70,20 +70,20 @@ def stretches(gm: fx.GraphModule) -> list[list[fx.Node]]:
     return [r for r in runs if r]
 
 
-def bodies(gm: fx.GraphModule) -> list[str]:
-    """Attributes of `gm` holding the body of exactly one BODY_OPS call and read nowhere else
-    (a body run twice might run on other shapes than its example values)."""
+def bodies(gm: fx.GraphModule) -> dict[str, fx.Node]:
+    """Attribute of `gm` -> the call running it, for each body of exactly one BODY_OPS call
+    read nowhere else (a body run twice might run on other shapes than its example values)."""
     reads: dict[str, int] = {}
-    calls: dict[str, int] = {}
+    calls: dict[str, list[fx.Node]] = {}
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             reads[n.target] = reads.get(n.target, 0) + len(n.users)
         elif n.op == "call_function" and len(n.args) > BODY_OPS.get(_name(n.target), len(n.args)):
             body = n.args[BODY_OPS[_name(n.target)]]
             if isinstance(body, fx.Node) and body.op == "get_attr":
-                calls[body.target] = calls.get(body.target, 0) + 1
-    return [t for t, k in calls.items() if k == 1 and reads.get(t) == 1 and "." not in t
-            and isinstance(getattr(gm, t, None), fx.GraphModule) and _optimizable_body(getattr(gm, t))]
+                calls.setdefault(body.target, []).append(n)
+    return {t: ns[0] for t, ns in calls.items() if len(ns) == 1 and reads.get(t) == 1 and "." not in t
+            and isinstance(getattr(gm, t, None), fx.GraphModule) and _optimizable_body(getattr(gm, t))}
 
 
 def _optimizable_body(body: fx.GraphModule) -> bool:
@@ -108,12 +108,11 @@ def _stretch(run: list[fx.Node]) -> Part:
     return Part(run, leaves, [n for n in run if any(u not in members for u in n.users)])
 
 
-def _body(gm: fx.GraphModule, name: str) -> Part:
+def _body(gm: fx.GraphModule, name: str, call: fx.Node) -> Part:
     graph = getattr(gm, name).graph
     leaves = [n for n in graph.nodes if n.op == "placeholder"] + [n for n in graph.nodes if n.op == "get_attr"]
     outputs = list(dict.fromkeys(a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes
                                  if a.op not in ("placeholder", "get_attr")))
-    call = next(u for n in gm.graph.nodes if n.op == "get_attr" and n.target == name for u in n.users)
     return Part([n for n in graph.nodes if n.op.startswith("call")], leaves, outputs, body=name, call=call)
 
 
@@ -123,12 +122,12 @@ class Plan:
 
     def __init__(self, gm: fx.GraphModule, example_inputs: list):
         self.gm = gm
-        runs = stretches(gm) if has_state_changes(gm) else [[n for n in gm.graph.nodes if n.op.startswith("call")]]
-        self.parts = [_stretch(r) for r in runs if len(r) >= MIN_NODES] + [_body(gm, b) for b in bodies(gm)]
+        self.parts = ([_stretch(r) for r in stretches(gm) if len(r) >= MIN_NODES]  # (one run if no state changes)
+                      + [_body(gm, name, call) for name, call in bodies(gm).items()])
         off = _grad_disabled(gm)
         for p in self.parts:
             p.grad_off = (p.call or p.nodes[0]) in off
-        reach = self._grad_reach()
+        reach = self._grad_reach(off)
         g = fx.Graph()
         env: dict[tuple[int, fx.Node], fx.Node] = {}
         self.leaf_of: list[tuple[int, fx.Node]] = []  # per placeholder of `combined`
@@ -150,13 +149,14 @@ class Plan:
             if _meta_value(ph) is None and not isinstance(v, torch.Tensor):
                 ph.meta["val"] = v  # (a body module read by get_attr): every node has its value in meta
 
-    def _grad_reach(self) -> set[fx.Node]:
+    def _grad_reach(self, off: set[fx.Node]) -> set[fx.Node]:
         """The nodes of gm and of its bodies a gradient of gm's outputs reaches (from_fx's
-        _grad_reach): none run with grad disabled, and a body's only if its call is reached."""
+        _grad_reach): none that run with grad disabled (`off`, gm's), and a body's only if its
+        call is reached."""
         def meta(graph: fx.Graph) -> dict:
             return {n: _meta_value(n) for n in graph.nodes}
 
-        reach = _grad_reach(self.gm.graph, meta(self.gm.graph), _grad_disabled(self.gm))
+        reach = _grad_reach(self.gm.graph, meta(self.gm.graph), off)
         for p in self.parts:
             if p.body is not None and p.call in reach and not p.grad_off:
                 body = getattr(self.gm, p.body)
