@@ -95,7 +95,7 @@ def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
                 if not queued[p]:
                     queued[p] = True
                     push(p)
-    chosen = _select(cls_id[g.root], members, kid_ids, best)
+    chosen = _reuse(cls_id[g.root], _select(cls_id[g.root], members, kid_ids, best), members, kid_ids, own_of)
     classes = list(g.classes)
     return Extraction({classes[c]: keys[i] for c, i in chosen.items()},
                       sum(own_of[i] for i in chosen.values()))
@@ -133,6 +133,45 @@ def _select(root: int, members: list[list[int]], kid_ids: list[list[int]], rank:
         sys.setrecursionlimit(limit)
         visit = None  # a recursive closure is a reference cycle that would keep its lists alive
     return reachable(root, kid_ids, choice)
+
+
+def _reuse(root: int, choice: dict[int, int], members: list[list[int]], kid_ids: list[list[int]],
+           own: list[float]) -> dict[int, int]:
+    """Local improvement of an acyclic choice: a class switches to a node that costs less itself
+    and reads only classes the choice already computes (an item of a batched op chosen for
+    another member: the fixpoint priced it with the batched op's tree cost, which counts
+    upstream work shared with the current node twice). The DAG cost never rises: no new class
+    is computed, and the classes only the old node read drop out. A switch that would close a
+    cycle is skipped."""
+    changed = True
+    while changed:
+        changed = False
+        for c in list(choice):
+            if c not in choice:
+                continue
+            for k in members[c]:
+                kids = kid_ids[k]
+                if own[k] < own[choice[c]] - 1e-12 and all(j in choice for j in kids) \
+                        and not _reaches(kids, c, choice, kid_ids):
+                    choice[c] = k
+                    changed = True
+        if changed:
+            choice = reachable(root, kid_ids, choice)
+    return choice
+
+
+def _reaches(starts: list[int], target: int, choice: dict[int, int], kid_ids: list[list[int]]) -> bool:
+    """Does the chosen graph below `starts` contain class `target`?"""
+    seen: set[int] = set()
+    todo = list(starts)
+    while todo:
+        c = todo.pop()
+        if c == target:
+            return True
+        if c not in seen:
+            seen.add(c)
+            todo.extend(kid_ids[choice[c]])
+    return False
 
 
 def reachable(root, kids, choice: dict) -> dict:

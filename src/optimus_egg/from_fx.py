@@ -23,7 +23,7 @@ import itertools
 import math
 import operator
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,13 +322,15 @@ def _depths(graph: fx.Graph) -> dict[fx.Node, int]:
 
 # ---- lowering ------------------------------------------------------------------------
 
-# Fewest linears on one input that make a batch_linear_lhs group. Two save one GEMM but add a
-# kernel that concatenates their weights every call, and in training their separate GEMMs can
-# still be batched by the post-grad passes; the per-node cost cannot see either. Measured at 1 s
-# (bench models, inference / training launches, 2 -> 3): dhen 25 -> 22 / 61 -> 59 (Optimus
-# 27 / 60), wukong 25 -> 28 / 57 -> 66 (Optimus 28 / 66: its FM projection and compress
-# linear share an input), the other six unchanged. With 3, no bench model launches more than
-# Optimus in either mode.
+# Fewest linears on one input that make a batch_linear_lhs group. Two save one GEMM, but either
+# may have a twin elsewhere (a linear of the same input shape, weight shape and dtype that does
+# not depend on it, nor it on the twin) that our batch_linear rule or the post-grad passes
+# would batch it with: pulled into the pair, it loses that batch, which the per-node cost
+# cannot see. So a pair forms only when neither member has a twin (`_has_twin`). Measured at
+# 1 s (bench models, inference / training launches): dhen, whose DCN and linear modules read
+# one input and each have twins in the same layer, 22 / 59 with or without twin-free pairs, but
+# 25 / 61 with every pair (Optimus 27 / 60); wukong, whose FM projection and compress linear
+# read one input and have no twins, 28 / 66 without pairs, 25 / 57 with them (Optimus 28 / 66).
 LHS_MIN_MEMBERS = 3
 
 
@@ -358,6 +360,7 @@ class _Lowerer:
         self.kind: dict[fx.Node, tuple] = {}   # node -> (family, key, payload) for grouping
         self.first_name: dict[str, str] = {}  # term -> the (node k) that first named it
         self.lhs_kind: dict[fx.Node, tuple] = {}  # linear -> (input, dtype, no bias, out features)
+        self.mm_kind: dict[fx.Node, tuple] = {}   # matmul call(tid, [x, y]) -> (x, y, tid)
         self.part = None  # the PART of the node being lowered (in its shared templates' keys)
 
     # templates ---------------------------------------------------------------
@@ -435,6 +438,8 @@ class _Lowerer:
         args, kwargs, operands = self.abstract(n)
         values = [self.operand(a) for a in operands]
         tid = self.template(n.op, n.target, args, kwargs, shared and not deps, n_deps=len(deps))
+        if shared and not deps and not kwargs and args == (Slot(0), Slot(1)) and _is_matmul(n):
+            self.mm_kind[n] = (operands[0], operands[1], tid)
         # An effect's tuple stays one opaque value: its getitems are effects too and must stay
         # in the chain, which an item of Pieces would not.
         if self.tuple_valued(n) and n not in self.effect_set:
@@ -906,14 +911,16 @@ class _Lowerer:
         return dict(counts)
 
     def seed_lhs_groups(self, depth, reach, counts) -> None:
-        """Linears reading the same input (same depth, same bias presence), LHS_MIN_MEMBERS or
-        more of them: one wide GEMM."""
+        """Linears reading the same input (same depth, same bias presence): one wide GEMM. Fewer
+        than LHS_MIN_MEMBERS of them only when none has a twin (see LHS_MIN_MEMBERS)."""
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, dt, nobias, _) in self.lhs_kind.items():
             if n in self.expr and n in self.shapes:  # equal inputs: one key
                 buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach, n.meta.get(PART))].append(n)
+        ancestors = _Ancestors(self.gm.graph)
+        twins = _Twins(self.kind, ancestors)
         for members in buckets.values():
-            if len(members) < LHS_MIN_MEMBERS:
+            if len(members) < 2 or (len(members) < LHS_MIN_MEMBERS and any(twins.has_twin(m, members) for m in members)):
                 continue
             x = self.lhs_kind[members[0]][0]
             counts["linear_lhs"] += 1
@@ -928,7 +935,103 @@ class _Lowerer:
             ]
             self.facts += [_app("linear_lhs_slot", self.operand(x), g, _vec(sizes), len(shp) - 1, out, i)
                            for i in range(len(members))]
+        self.seed_matmul_groups(reach, counts, ancestors)
         counts.pop("_lhs", None)
+
+    def seed_matmul_groups(self, reach, counts, ancestors: _Ancestors) -> None:
+        """Matmuls of one first operand whose second operands are alike but for their last
+        (static) dim, with no path between two of them: one matmul of the concatenated second
+        operands. Not cut by depth (two score products of one query rarely share a depth):
+        independent members cannot make a group its own ancestor, and extraction never
+        closes a cycle across groups."""
+        buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
+        for n, (x, y, tid) in self.mm_kind.items():
+            xs, ys, out = self.shapes.get(x), self.shapes.get(y), self.shapes.get(n)
+            if n not in self.expr or xs is None or ys is None or out is None or len(xs) < 2 or len(ys) < 2:
+                continue  # a 1-D operand is a vector product: no last dim to concatenate on
+            if ys[-1] >= SYMBOLIC_MIN or out[-1] != ys[-1]:
+                continue
+            buckets[(self.expr.get(x, x), tid, self.dtype(y), ys[:-1], n in reach, n.meta.get(PART))].append(n)
+        for candidates in buckets.values():
+            for members in ancestors.independent_sets(candidates) if len(candidates) > 1 else ():
+                if len(members) < 2:
+                    continue
+                x, _, tid = self.mm_kind[members[0]]
+                counts["matmul_lhs"] += 1
+                counts["_lhs"] = counts.get("_lhs", 0) + 1
+                g = -counts["_lhs"]  # counts down with the linear lhs groups
+                ys = [self.mm_kind[m][1] for m in members]
+                sizes = [self.shapes[y][-1] for y in ys]
+                shp = self.shapes[members[0]]
+                out = _vec([*shp[:-1], sum(sizes)])
+                self.facts.append(_app("set", _app("group_vec", g, 1), _vec(self.operand(y) for y in ys)))
+                self.facts += [_app("matmul_lhs_slot", self.operand(x), tid, g, _vec(sizes), len(self.shapes[ys[0]]) - 1,
+                                    len(shp) - 1, out, i) for i in range(len(members))]
+
+
+_MATMUL = {torch.bmm, torch.matmul, operator.matmul, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default}
+
+
+def _is_matmul(n: fx.Node) -> bool:
+    if n.op == "call_method":
+        return n.target in ("bmm", "matmul", "__matmul__")
+    return n.op == "call_function" and n.target in _MATMUL
+
+
+class _Ancestors:
+    """Ancestor sets as bitmasks over the topological order, built only for the nodes asked
+    about (and their ancestors)."""
+
+    def __init__(self, graph: fx.Graph):
+        self.bits: dict[fx.Node, int] = {}
+        self.index = {m: i for i, m in enumerate(graph.nodes)}
+
+    def __call__(self, n: fx.Node) -> int:
+        stack = [n]
+        while stack:  # iterative post-order: deep graphs must not hit the recursion limit
+            m = stack[-1]
+            todo = [a for a in m.all_input_nodes if a not in self.bits]
+            if todo:
+                stack += todo
+                continue
+            stack.pop()
+            bits = 0
+            for a in m.all_input_nodes:
+                bits |= self.bits[a] | (1 << self.index[a])
+            self.bits[m] = bits
+        return self.bits[n]
+
+    def related(self, a: fx.Node, b: fx.Node) -> bool:
+        """Is there a path between a and b (either way)?"""
+        return bool((self(a) >> self.index[b]) & 1 or (self(b) >> self.index[a]) & 1)
+
+    def independent_sets(self, nodes: list[fx.Node]) -> list[list[fx.Node]]:
+        """`nodes` cut greedily, in graph order, into sets with no path between two members."""
+        sets: list[list[fx.Node]] = []
+        for n in sorted(nodes, key=self.index.__getitem__):
+            for group in sets:
+                if not any(self.related(n, m) for m in group):
+                    group.append(n)
+                    break
+            else:
+                sets.append([n])
+        return sets
+
+
+class _Twins:
+    """Which linears have a twin: another linear of the same input shape, weight shape and
+    dtype (`kind` key) with no path between the two (other than those in `besides`)."""
+
+    def __init__(self, kind: dict, ancestors: _Ancestors):
+        self.key = {n: k[1] for n, k in kind.items() if k[0] == "linear"}
+        self.by_key: dict[tuple, list[fx.Node]] = defaultdict(list)
+        for n, k in self.key.items():
+            self.by_key[k].append(n)
+        self.ancestors = ancestors
+
+    def has_twin(self, n: fx.Node, besides: Sequence[fx.Node] = ()) -> bool:
+        return any(t is not n and t not in besides and not self.ancestors.related(n, t)
+                   for t in self.by_key.get(self.key.get(n), ()))
 
 
 def _grad_reach(graph: fx.Graph, values, no_grad: set[fx.Node] | frozenset = frozenset()) -> set[fx.Node]:

@@ -50,11 +50,31 @@ def test_batch_linear_lhs_needs_same_bias_presence():
     assert report.matches["batch-linear-lhs"] == 3 and calls(after, F.linear) == 2
 
 
-def test_batch_linear_lhs_needs_three_members():
-    """Two linears on one input stay two GEMMs (from_fx.LHS_MIN_MEMBERS); three become one."""
-    two = torch.fx.symbolic_trace(SharedInput(outs=(8, 16)))
-    after, report = optimize_with(two, batch_linear_lhs, torch.randn(4, 16))
-    assert not fired(report, "batch-linear-lhs") and calls(after, nn.Linear) == 2
-    three = torch.fx.symbolic_trace(SharedInput(outs=(8, 16, 4)))
-    after, report = optimize_with(three, batch_linear_lhs, torch.randn(4, 16))
-    assert fired(report, "batch-linear-lhs") and calls(after, F.linear) == 1
+def test_batch_linear_lhs_pair_forms_only_without_twins():
+    """Two linears on one input become one GEMM unless one of them has a twin: a linear of the
+    same shapes that neither reads it nor feeds it (from_fx.LHS_MIN_MEMBERS, _Twins)."""
+    w8, w16, t8, t16 = torch.randn(8, 16), torch.randn(16, 16), torch.randn(8, 16), torch.randn(16, 16)
+    x, y = torch.randn(4, 16), torch.randn(4, 16)
+
+    def pair(x):
+        return F.linear(x, w8), F.linear(x, w16)
+
+    after, report = optimize_with(pair, batch_linear_lhs, x)
+    assert report.matches["batch-linear-lhs"] == 2 and calls(after, F.linear) == 1
+
+    def pair_and_twin(x, y):  # t8 on y could be batched with w8 on x
+        return F.linear(x, w8), F.linear(x, w16), F.linear(y, t8)
+
+    after, report = optimize_with(pair_and_twin, batch_linear_lhs, x, y)
+    assert not fired(report, "batch-linear-lhs") and calls(after, F.linear) == 3
+
+    def pair_and_dependent_look_alike(x):  # t16 reads w16's output: no twin
+        a, b = F.linear(x, w8), F.linear(x, w16)
+        return a, F.linear(torch.tanh(b), t16)
+
+    after, report = optimize_with(pair_and_dependent_look_alike, batch_linear_lhs, x)
+    assert report.matches["batch-linear-lhs"] == 2 and calls(after, F.linear) == 2
+
+    for outs in ((8, 8), (8, 16, 8)):  # look-alikes inside the group are not twins
+        after, report = optimize_with(torch.fx.symbolic_trace(SharedInput(outs)), batch_linear_lhs, x)
+        assert report.matches["batch-linear-lhs"] == len(outs) and calls(after, F.linear) == 1
