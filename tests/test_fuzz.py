@@ -156,6 +156,10 @@ def programs(draw):
         st.tuples(st.just("linear"), st.sampled_from(["own", "shared_module", "shared_fn"]),
                   st.booleans(), subset),
         st.tuples(st.just("fanout"), st.sampled_from(parts), st.booleans(), subset),  # linears on one input
+        # tanh(x @ p.T) @ p for parts p with one x: score products of one query (batch-matmul-lhs);
+        # "chain" re-reads x after each update, so a later product may depend on an earlier one
+        st.tuples(st.just("attend"), st.sampled_from(parts), st.sampled_from(["matmul", "at", "bmm"]),
+                  st.sampled_from(["old", "chain"]), subset),
         st.tuples(st.just("layer_norm"), st.sampled_from(["affine", "plain", "functional"]), subset),
         st.tuples(st.just("pointwise"), st.sampled_from(sorted(POINTWISE)), st.integers(0, 2), subset),
         st.tuples(st.just("binary"), st.sampled_from(parts), st.sampled_from(parts),
@@ -295,6 +299,17 @@ class Program(nn.Module):
             src = ps[s[1]]
             for i in s[3]:
                 ps[i] = mod[i](src)
+        elif kind == "attend":
+            old = list(ps)
+            for i in s[4]:
+                x, p = (ps if s[3] == "chain" else old)[s[1]], old[i]
+                if s[2] == "matmul":
+                    score = torch.matmul(x, p.transpose(0, 1))
+                elif s[2] == "at":
+                    score = x @ p.t()
+                else:
+                    score = torch.bmm(x.unsqueeze(0), p.transpose(0, 1).unsqueeze(0)).squeeze(0)
+                ps[i] = torch.tanh(score / d) @ p
         elif kind == "layer_norm":
             for i in s[2]:
                 ps[i] = F.layer_norm(ps[i], (d,)) if s[1] == "functional" else mod[i](ps[i])
@@ -792,6 +807,15 @@ def trainable(prog):
 
 @settings(max_examples=max(1, INDUCTOR_EXAMPLES // 2), **INDUCTOR_SETTINGS)
 @given(prog=programs().map(trainable))
+# Part 1's linear feeds only a checkpointed body's result that nothing reads (part 1 is then
+# overwritten): the gradient walk took every input of a reached body call as reached, so the
+# linear was batched with reached ones and got zeros where eager gives None.
+@example(prog={"n": 2, "d": 4, "b": 4, "steps": (("linear", "shared_module", False, [1]),
+                                                 ("linear", "shared_module", False, [0, 1]),
+                                                 ("fanout", 1, True, [1]), ("pointwise", "relu", 2, [0, 1]),
+                                                 ("fanout", 0, True, [0, 1])),
+               "split": "method_split", "out": "sum", "tap": None, "block": (3, 1, "checkpoint"),
+               "special": False, "dtype": torch.float64, "seed": 70})
 def test_random_program_trains_through_the_backend(prog):
     """torch.compile(model, backend=optimus_egg.backend(...)) in training, on Dynamo's graph:
     blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts.
@@ -897,6 +921,14 @@ FIRING = {
     "aten_linear": (_prog([("linear", "own", True, (0, 1, 2)), ("linear", "own", False, (0, 1, 2))]), "make_fx",
                     ["batch-linear"], []),
     "aten_layer_norm": (_prog([("layer_norm", "affine", (0, 1, 2))]), "make_fx", ["batch-layernorm"], []),
+    "attend_matmul": (_prog([("attend", 0, "matmul", "old", (0, 1, 2))]), "fx", ["batch-matmul-lhs"], []),
+    "attend_at": (_prog([("attend", 1, "at", "old", (0, 2))]), "fx", ["batch-matmul-lhs"], []),
+    "attend_bmm": (_prog([("attend", 2, "bmm", "old", (0, 1))]), "fx", ["batch-matmul-lhs"], []),
+    "attend_aten": (_prog([("attend", 0, "bmm", "old", (0, 1, 2))]), "make_fx", ["batch-matmul-lhs"], []),
+    # ATen spells a 2-D matmul aten.mm(x, p.t()), which from_fx reads as linear(x, p): one input
+    "attend_aten_mm": (_prog([("attend", 0, "matmul", "old", (0, 1, 2))]), "make_fx", ["batch-linear-lhs"], []),
+    # x is part 0, updated first: the later products read it, so none share a query
+    "attend_chain": (_prog([("attend", 0, "matmul", "chain", (0, 1))]), "fx", [], ["batch-matmul-lhs"]),
 }
 DROPOUT_EVAL = [("dropout_eval", how, (0, 1, 2)) for how in ["F_eval", "torch_eval", "module", "p0", "self_training"]]
 

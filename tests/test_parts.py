@@ -145,6 +145,35 @@ def test_linears_that_only_feed_a_no_grad_block_batch_apart():
     assert_same_grads(m, ref, none=("ls.0.", "ls.1."))
 
 
+class UnusedCheckpointResult(nn.Module):
+    """A checkpointed body returns two results and only the first is read. Two linears feed the
+    body's second result alone (eager: no gradient); two others feed its first."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        a, b, c, e = (lin(x[:, i]) for i, lin in enumerate(self.ls))
+        used, unused = torch.utils.checkpoint.checkpoint(
+            lambda p, q: (torch.relu(p), torch.relu(q)), a + c, b + e, use_reentrant=False)
+        return used * 2
+
+
+def test_linears_that_feed_only_an_unread_body_result_batch_apart():
+    """The gradient walk goes through a body call result by result: the linears feeding the
+    unread result form their own group and keep no gradient."""
+    m, ref = twin(UnusedCheckpointResult)
+    x = torch.randn(4, 4, 8)
+    out, (report,) = through_backend(m, x)
+    assert report.groups.get("linear") == 2, report.groups  # 2 + 2, not 4
+    expected = ref(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    assert_same_grads(m, ref, none=("ls.1.", "ls.3."))
+
+
 class CatSplitUnderNoGrad(nn.Module):
     """Inside a no_grad block two linears' outputs are cat and split back. The pair cancels,
     so the block's results are its inputs: they must come out detached, as the block's own

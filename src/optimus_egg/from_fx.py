@@ -1034,17 +1034,20 @@ class _Twins:
                    for t in self.by_key.get(self.key.get(n), ()))
 
 
-def _grad_reach(graph: fx.Graph, values, no_grad: set[fx.Node] | frozenset = frozenset()) -> set[fx.Node]:
+def _grad_reach(graph: fx.Graph, values, no_grad: set[fx.Node] | frozenset = frozenset(),
+                starts: list[fx.Node] | None = None, barrier: set[fx.Node] | frozenset = frozenset()) -> set[fx.Node]:
     """The nodes a gradient of the outputs can reach: back from the outputs through every node
     with a floating (or unknown) value, except detach and the nodes in `no_grad` (run with grad
     disabled). Eagerly, a parameter whose uses all lie outside gets no gradient (grad None);
     batched with one inside, it would get zeros, which an optimizer with momentum or weight
     decay does not skip. So groups never mix the two. A graph of parts (parts.py) carries the
-    reach of the whole graph in meta[GRAD_REACH]: a part's output may only feed a no_grad block."""
-    if any(GRAD_REACH in n.meta for n in graph.nodes):
+    reach of the whole graph in meta[GRAD_REACH]: a part's output may only feed a no_grad block.
+    `starts` (default: what the output reads) are where the walk begins; nodes in `barrier` are
+    reached but not walked through (parts.py walks a body call's inputs itself)."""
+    if starts is None and any(GRAD_REACH in n.meta for n in graph.nodes):
         return {n for n in graph.nodes if n.meta.get(GRAD_REACH)}
     reach: set[fx.Node] = set()
-    todo = [a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes]
+    todo = [a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes] if starts is None else list(starts)
     while todo:
         n = todo.pop()
         if n in reach or n in no_grad or (n.op in ("call_function", "call_method") and _name(n.target) == "detach") or (
@@ -1055,7 +1058,8 @@ def _grad_reach(graph: fx.Graph, values, no_grad: set[fx.Node] | frozenset = fro
                 isinstance(v, (torch.Tensor, shapes.Meta)) and not (v.dtype.is_floating_point or v.dtype.is_complex)):
             continue  # no gradient flows through an integer or boolean value
         reach.add(n)
-        todo.extend(n.all_input_nodes)
+        if n not in barrier:
+            todo.extend(n.all_input_nodes)
     return reach
 
 

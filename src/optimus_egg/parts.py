@@ -86,6 +86,19 @@ def bodies(gm: fx.GraphModule) -> dict[str, fx.Node]:
             and isinstance(getattr(gm, t, None), fx.GraphModule) and _optimizable_body(getattr(gm, t))}
 
 
+def _reached_outputs(call: fx.Node, reach: set[fx.Node]) -> set[int] | None:
+    """Which results of a body call `reach` holds: the k of each reached `call[k]`, or None (all)
+    if a reached user takes the result whole."""
+    outs: set[int] = set()
+    for u in call.users:
+        if u in reach:
+            if u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int):
+                outs.add(u.args[1])
+            else:
+                return None
+    return outs
+
+
 def _optimizable_body(body: fx.GraphModule) -> bool:
     """Example values for every placeholder (meta), and no call_module (its target is the body's)."""
     return all(_meta_value(n) is not None for n in body.graph.nodes if n.op == "placeholder") and not any(
@@ -151,16 +164,40 @@ class Plan:
 
     def _grad_reach(self, off: set[fx.Node]) -> set[fx.Node]:
         """The nodes of gm and of its bodies a gradient of gm's outputs reaches (from_fx's
-        _grad_reach): none that run with grad disabled (`off`, gm's), and a body's only if its
-        call is reached."""
+        _grad_reach): none that run with grad disabled (`off`, gm's). A body call is walked
+        through its body: from the body outputs whose results are reached, to the placeholders
+        they read, to the call's arguments for those (a body output nothing reads passes no
+        gradient back to what it was computed from)."""
         def meta(graph: fx.Graph) -> dict:
             return {n: _meta_value(n) for n in graph.nodes}
 
-        reach = _grad_reach(self.gm.graph, meta(self.gm.graph), off)
-        for p in self.parts:
-            if p.body is not None and p.call in reach and not p.grad_off:
+        values = meta(self.gm.graph)
+        calls = {p.call: p for p in self.parts if p.body is not None}
+        reach = _grad_reach(self.gm.graph, values, off, barrier=set(calls))
+        walked: dict[fx.Node, set[int] | None] = {}
+        changed = True
+        while changed:
+            changed = False
+            for call, p in calls.items():
+                if call not in reach or p.grad_off:
+                    continue
+                outs = _reached_outputs(call, reach)
+                if call in walked and walked[call] == outs:
+                    continue
+                walked[call] = outs
                 body = getattr(self.gm, p.body)
-                reach |= _grad_reach(body.graph, meta(body.graph), _grad_disabled(body))
+                returned = next(n for n in body.graph.nodes if n.op == "output").args[0]
+                returned = list(returned) if isinstance(returned, (tuple, list)) else [returned]
+                starts = [a for k, a in enumerate(returned) if isinstance(a, fx.Node) and (outs is None or k in outs)]
+                inner = _grad_reach(body.graph, meta(body.graph), _grad_disabled(body), starts=starts)
+                reach |= inner
+                first = BODY_OPS[_name(call.target)] + 1
+                args = [a for ph, a in zip((n for n in body.graph.nodes if n.op == "placeholder"), call.args[first:])
+                        if ph in inner and isinstance(a, fx.Node)]
+                more = _grad_reach(self.gm.graph, values, off, starts=args, barrier=set(calls))
+                if not more <= reach:
+                    reach |= more
+                    changed = True
         return reach
 
     def _example_values(self, example_inputs: list) -> list:
