@@ -2,6 +2,7 @@
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import optimus_egg
 
@@ -224,3 +225,59 @@ def test_backend_batches_post_grad_gemms_of_one_dtype_only(training):
         for (name, p), q in zip(m.named_parameters(), ref.parameters()):
             assert p.grad.dtype == q.grad.dtype, name
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s, n=name: f"{n}: {s}")
+
+
+class TanhScores(nn.Module):
+    """Per-field linears, then one field's output scores every field with tanh and weighs it:
+    batch-matmul-lhs makes one product of the concatenated keys, so the forward saves the wide
+    tanh output and a view of it (a split piece that a product reads). The eval-mode dropout
+    (an identity) changes which tensors AOTAutograd saves: without it the bug stays hidden."""
+
+    def __init__(self, n=4, d=4):
+        super().__init__()
+        self.n, self.d = n, d
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+
+    def forward(self, x):
+        ps = list(torch.split(x, self.d, 1))
+        ps[0] = F.dropout(ps[0], 0.5, training=False)
+        q = [lin(p) for lin, p in zip(self.ls, ps)]
+        return sum(torch.tanh(q[1] @ k.t() / self.d) @ k for k in q)
+
+
+class CatWeightTanh(nn.Module):
+    """The same shape written by hand: plain torch.compile gets w0's gradient wrong."""
+
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+    def forward(self, x):
+        p0, p1 = torch.split(x, 4, 1)
+        w = torch.cat([self.ls[0].weight, self.ls[1].weight], 0)
+        u, v = torch.split(torch.tanh(p1 @ w.t()), [4, 4], 1)
+        return u * 2 + v @ self.ls[0].weight
+
+
+@pytest.mark.parametrize("make,width", [(TanhScores, 16), (CatWeightTanh, 8)], ids=["rewritten", "by_hand"])
+def test_backend_trains_where_inductor_in_place_reuse_breaks_a_saved_view(make, width):
+    """torch 2.13's Inductor, with in-place buffer reuse, computes tanh's backward into the saved
+    tanh output while a saved split piece of it is still to be read: wrong gradients
+    (baselines.EGG_INDUCTOR). The backend compiles without that reuse."""
+    from torch._inductor import config
+
+    torch.manual_seed(0)
+    m, x = make(), torch.randn(3, width)
+    ref = make()
+    ref.load_state_dict(m.state_dict())
+    torch._dynamo.reset()
+    out = torch.compile(m, backend=optimus_egg.backend(budget_s=2.0, strict=True))(x)
+    expected = ref(x)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s, n=name: f"{n}: {s}")
+    assert config.inplace_buffers  # patched for the backend's compiles only
