@@ -263,7 +263,7 @@ class CatWeightTanh(nn.Module):
 def test_backend_trains_where_inductor_in_place_reuse_breaks_a_saved_view(make, width):
     """torch 2.13's Inductor, with in-place buffer reuse, computes tanh's backward into the saved
     tanh output while a saved split piece of it is still to be read: wrong gradients
-    (baselines.EGG_INDUCTOR). The backend compiles without that reuse."""
+    (baselines.EGG_BACKWARD). The backend compiles the backward without that reuse."""
     from torch._inductor import config
 
     torch.manual_seed(0)
@@ -281,3 +281,15 @@ def test_backend_trains_where_inductor_in_place_reuse_breaks_a_saved_view(make, 
         if q.grad is not None:
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s, n=name: f"{n}: {s}")
     assert config.inplace_buffers  # patched for the backend's compiles only
+
+
+def test_backward_patched_patches_the_backward_only():
+    from torch._inductor import config
+
+    from optimus_egg.baselines import EGG_BACKWARD, backward_patched
+
+    seen = []
+    inner = backward_patched(EGG_BACKWARD, inner=lambda gm, ex, **kw: seen.append((kw["is_backward"], config.inplace_buffers)))
+    inner(None, [], is_backward=False)
+    inner(None, [], is_backward=True)
+    assert seen == [(False, True), (True, False)] and config.inplace_buffers

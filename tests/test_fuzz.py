@@ -782,7 +782,7 @@ def _grads(gm, x):
 def test_random_graph_trains_to_same_grads(prog):
     """Optimized, then compiled by Inductor for training (AOTAutograd derives the backward of
     the rewritten forward): every parameter's gradient equals eager's."""
-    from optimus_egg.baselines import EGG_INDUCTOR
+    from optimus_egg.baselines import EGG_BACKWARD
     from optimus_egg.measure import compile_inductor
 
     # No inf / NaN inputs: a batched parameter no gradient reaches gets inf * 0 = NaN.
@@ -793,8 +793,9 @@ def test_random_graph_trains_to_same_grads(prog):
 
     def compiled(g):  # grads land on gm's parameters, which g shares
         gm.zero_grad(set_to_none=True)
-        # one forward and one backward, without the in-place buffer reuse the backend leaves out
-        compile_inductor(g, [x.clone()], training=True, config_patches=EGG_INDUCTOR)
+        # one forward and one backward, the backward without the in-place buffer reuse the
+        # backend leaves out
+        compile_inductor(g, [x.clone()], training=True, backward_config_patches=EGG_BACKWARD)
         return _param_grads(gm)
 
     _assert_compiles_like(compiled, out, gm, expected)
@@ -820,7 +821,7 @@ def trainable(prog):
                "special": False, "dtype": torch.float64, "seed": 70})
 # Score products of one query through tanh, batched into one product of the concatenated keys:
 # torch 2.13's Inductor, reusing buffers in place, wrote tanh's backward over the saved tanh
-# output while a saved split piece of it was still to be read (baselines.EGG_INDUCTOR).
+# output while a saved split piece of it was still to be read (baselines.EGG_BACKWARD).
 @example(prog={"n": 4, "d": 4, "b": 3, "steps": (("dropout_eval", "F_eval", [0]), ("linear", "own", True, [0, 1, 2, 3]),
                                                  ("attend", 1, "at", "old", [0, 1, 2, 3])),
                "split": "split", "out": "sum", "tap": None, "block": None, "special": False,

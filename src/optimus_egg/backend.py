@@ -12,19 +12,20 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
     optimus_egg rewrites the graph Dynamo captures, the forward; with `post_grad` (default)
     Inductor then also runs PyTorch's post-grad Optimus passes in `baselines.EGG_POST_GRAD`
     (batching of ATen mm and mul ops, split-cat cleanups) on what it compiles, which in
-    training includes the backward graph that optimus_egg never sees. Either way Inductor runs
-    without in-place buffer reuse (`baselines.EGG_INDUCTOR`: a torch 2.13 bug). Other options
-    go to `optimize`.
+    training includes the backward graph that optimus_egg never sees. Either way Inductor
+    compiles the backward without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13
+    bug). Other options go to `optimize`.
     """
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
 
-        from optimus_egg.baselines import egg_patches
+        from optimus_egg.baselines import EGG_BACKWARD, EGG_POST_GRAD, backward_patched, post_grad_patches
         from optimus_egg.pipeline import optimize
 
         out = optimize(gm, list(example_inputs), budget_s, **options)
         # compile_fx re-applies its config_patches when it compiles the backward later
-        return compile_fx(out, example_inputs, config_patches=egg_patches(post_grad))
+        return compile_fx(out, example_inputs, inner_compile=backward_patched(EGG_BACKWARD),
+                          config_patches=post_grad_patches(EGG_POST_GRAD) if post_grad else None)
 
     compile_fn.__name__ = "optimus_egg"
     return compile_fn

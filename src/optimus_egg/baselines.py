@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import operator
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -380,21 +380,32 @@ def inductor_with_optimus(
     return out
 
 
-# Inductor options the optimus_egg backend compiles with, post-grad passes or not. torch 2.13's
+# Inductor options the optimus_egg backend compiles the backward graph with. torch 2.13's
 # in-place buffer reuse lets a backward kernel overwrite a saved activation that another saved
 # tensor is a view of: with y = tanh(x @ cat([w0, w1]).T) and a piece of split(y) later
 # multiplied by w0, plain torch.compile returns a wrong gradient for w0 (the tanh backward
 # writes into y's buffer before an addmm reads the piece). Rewrites that apply an op to a
 # wide tensor and split it after (batch_*_lhs, pointwise-of-split-piece) make that shape
-# likelier. Without in-place reuse, same launches on the bench models, training step time
-# within -1.2 .. +1.3 % (80 interleaved rounds; tests/test_backend.py has the case).
-EGG_INDUCTOR: dict[str, Any] = {"inplace_buffers": False}
+# likelier. The forward keeps the reuse: it reads no saved tensors. Without it in the
+# backward, same launches on the bench models (tests/test_backend.py has the case).
+EGG_BACKWARD: dict[str, Any] = {"inplace_buffers": False}
 
 
-def egg_patches(post_grad: bool = True) -> dict[str, Any]:
-    """The Inductor config patches the optimus_egg backend compiles with: EGG_INDUCTOR, and with
-    `post_grad` the post-grad passes EGG_POST_GRAD."""
-    return {**EGG_INDUCTOR, **(post_grad_patches(EGG_POST_GRAD) if post_grad else {})}
+def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """An `inner_compile` for Inductor's compile_fx that compiles the backward graph with the
+    config `patches` and the forward as it is."""
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    inner = compile_fx_inner if inner is None else inner
+
+    def compile_inner(gm, example_inputs, **kwargs):
+        if kwargs.get("is_backward"):
+            with config.patch(patches):
+                return inner(gm, example_inputs, **kwargs)
+        return inner(gm, example_inputs, **kwargs)
+
+    return compile_inner
 
 
 def post_grad_patches(passes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:

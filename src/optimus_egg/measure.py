@@ -262,6 +262,7 @@ def compile_inductor(
     *,
     training: bool = False,
     config_patches: Mapping[str, Any] | None = None,
+    backward_config_patches: Mapping[str, Any] | None = None,
 ) -> Compiled:
     """Compile ``gm`` with Inductor (caches off), run it once, and count its launches.
 
@@ -271,15 +272,20 @@ def compile_inductor(
     outputs) runs too, so the lazily compiled backward is captured and counted as well;
     its ``compile_s`` includes that first backward call, and it leaves ``.grad`` on the
     parameters. Inductor options: ``gm.meta["inductor_config_patches"]`` (set by
-    ``baselines.inductor_with_optimus``), then ``config_patches``. ``gm`` is not changed.
+    ``baselines.inductor_with_optimus``), then ``config_patches``; for the backward graph only,
+    ``gm.meta["inductor_backward_config_patches"]`` (set by the bench for the optimus_egg
+    arms, as the backend compiles), then ``backward_config_patches``. ``gm`` is not changed.
     """
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.utils import run_and_get_code
 
+    from optimus_egg.baselines import backward_patched
+
     patches: dict[str, Any] = {"force_disable_caches": True, "fx_graph_cache": False}
     patches.update(gm.meta.get("inductor_config_patches", {}))
     patches.update(config_patches or {})
+    backward = {**gm.meta.get("inductor_backward_config_patches", {}), **(backward_config_patches or {})}
     inputs = list(example_inputs)
     # compile_fx runs pre-grad passes in place; compile a copy so callers keep their graph.
     model = copy_graph_module(gm)
@@ -288,7 +294,7 @@ def compile_inductor(
     def build_and_run() -> Callable[..., Any]:
         with config.patch(patches), torch.set_grad_enabled(training):
             start = time.perf_counter()
-            compiled = compile_fx(model, inputs)
+            compiled = compile_fx(model, inputs, inner_compile=backward_patched(backward)) if backward else compile_fx(model, inputs)
             timing["compile_s"] = time.perf_counter() - start
             out = compiled(*inputs)
             if training and (seed := _backward_seed(out)) is not None:
