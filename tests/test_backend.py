@@ -253,7 +253,7 @@ class CatWeightTanh(nn.Module):
         self.ls = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
 
     def forward(self, x):
-        p0, p1 = torch.split(x, 4, 1)
+        _, p1 = torch.split(x, 4, 1)
         w = torch.cat([self.ls[0].weight, self.ls[1].weight], 0)
         u, v = torch.split(torch.tanh(p1 @ w.t()), [4, 4], 1)
         return u * 2 + v @ self.ls[0].weight

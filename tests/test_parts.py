@@ -155,7 +155,7 @@ class UnusedCheckpointResult(nn.Module):
 
     def forward(self, x):
         a, b, c, e = (lin(x[:, i]) for i, lin in enumerate(self.ls))
-        used, unused = torch.utils.checkpoint.checkpoint(
+        used, _ = torch.utils.checkpoint.checkpoint(
             lambda p, q: (torch.relu(p), torch.relu(q)), a + c, b + e, use_reentrant=False)
         return used * 2
 

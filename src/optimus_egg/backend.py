@@ -19,7 +19,12 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
 
-        from optimus_egg.baselines import EGG_BACKWARD, EGG_POST_GRAD, backward_patched, post_grad_patches
+        from optimus_egg.baselines import (
+            EGG_BACKWARD,
+            EGG_POST_GRAD,
+            backward_patched,
+            post_grad_patches,
+        )
         from optimus_egg.pipeline import optimize
 
         out = optimize(gm, list(example_inputs), budget_s, **options)

@@ -33,7 +33,8 @@ from __future__ import annotations
 import copy
 import operator
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
