@@ -326,7 +326,7 @@ def _depths(graph: fx.Graph) -> dict[fx.Node, int]:
 # may have a twin elsewhere (a linear of the same input shape, weight shape and dtype that does
 # not depend on it, nor it on the twin) that our batch_linear rule or the post-grad passes
 # would batch it with: pulled into the pair, it loses that batch, which the per-node cost
-# cannot see. So a pair forms only when neither member has a twin (`_has_twin`). Measured at
+# cannot see. So a pair forms only when neither member has a twin (`_Twins`). Measured at
 # 1 s (bench models, inference / training launches): dhen, whose DCN and linear modules read
 # one input and each have twins in the same layer, 22 / 59 with or without twin-free pairs, but
 # 25 / 61 with every pair (Optimus 27 / 60); wukong, whose FM projection and compress linear
