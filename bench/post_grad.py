@@ -6,7 +6,8 @@
 optimus_egg rewrites the forward graph; the torch.compile backend (and the bench's optimus_egg
 arm) then compiles with Inductor's post-grad Optimus passes (baselines.EGG_POST_GRAD),
 which also see the backward. For each model this optimizes once at 1 s, compiles the result
-with and without those passes, and prints Inductor's launches and whether values (and, in
+with and without those passes (the backward, both times, as the backend compiles it:
+baselines.EGG_BACKWARD), and prints Inductor's launches and whether values (and, in
 training, every parameter's gradient) equal eager's. In inference it also prints the Optimus
 arm with and without them (the bench's Optimus arm runs them in training only), and plain
 Inductor with and without them (what the post-grad passes do alone). One torch
@@ -28,6 +29,7 @@ def run(name: str, train: bool) -> bool:
     from optimus_egg import optimize
     from optimus_egg.baselines import (
         EGG_POST_GRAD,
+        as_backend_compiles,
         inductor_with_optimus,
         post_grad_patches,
     )
@@ -42,7 +44,7 @@ def run(name: str, train: bool) -> bool:
         gm.train(train)
         params = dict(model.named_parameters())
         expected, expected_grads = _run_and_grads(model, inputs, params, train)
-        egg = optimize(gm, list(inputs), budget_s=1.0)
+        egg = as_backend_compiles(optimize(gm, list(inputs), budget_s=1.0), post_grad=False)
         cells, ok = [], True
         for label, patches in (("without", {}), ("with", post_grad_patches(EGG_POST_GRAD))):
             c = compile_inductor(egg, inputs, training=train, config_patches=patches)

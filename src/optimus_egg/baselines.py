@@ -409,6 +409,15 @@ def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None =
     return compile_inner
 
 
+def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True) -> fx.GraphModule:
+    """Mark `gm` (optimize()'s result) so that measure.compile_inductor compiles it as the
+    backend does: the post-grad passes EGG_POST_GRAD (with `post_grad`), EGG_BACKWARD for the
+    backward graph."""
+    gm.meta["inductor_config_patches"] = post_grad_patches(EGG_POST_GRAD) if post_grad else {}
+    gm.meta["inductor_backward_config_patches"] = EGG_BACKWARD
+    return gm
+
+
 def post_grad_patches(passes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Inductor config patches that run post-grad (ATen-level) Optimus passes, ``passes``
     (default ``OPTIMUS_POST_GRAD``; the optimus_egg backend uses ``EGG_POST_GRAD``), next to

@@ -310,7 +310,7 @@ def run_model(
     """
     from optimus_egg import measure
     from optimus_egg.ablation import rewrite_greedily
-    from optimus_egg.baselines import EGG_BACKWARD, EGG_POST_GRAD, inductor_with_optimus, post_grad_patches
+    from optimus_egg.baselines import as_backend_compiles, inductor_with_optimus
     from optimus_egg.models import build
     from optimus_egg.pipeline import optimize
     from torch._dynamo.utils import counters as dynamo_counters
@@ -360,14 +360,12 @@ def run_model(
             for b in budgets:
                 t = time.perf_counter()
                 egg = optimize(gm, inputs, budget_s=b)
-                egg.meta["inductor_config_patches"] = post_grad_patches(EGG_POST_GRAD)  # as backend() compiles it
-                egg.meta["inductor_backward_config_patches"] = EGG_BACKWARD
+                as_backend_compiles(egg)
                 plan.append(_Arm(egg_arm(b), _budget_label(b), egg, time.perf_counter() - t,
                                  report=egg.meta["optimus_egg"]))
         if GREEDY_RULES in wanted:
             greedy = rewrite_greedily(gm, inputs)
-            greedy.meta["inductor_config_patches"] = post_grad_patches(EGG_POST_GRAD)
-            greedy.meta["inductor_backward_config_patches"] = EGG_BACKWARD
+            as_backend_compiles(greedy)
             rep = greedy.meta["optimus_egg_greedy"]
             plan.append(_Arm(GREEDY_RULES, "", greedy, rep.seconds, report=rep))
 
