@@ -759,12 +759,16 @@ class _Lowerer:
         if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) for s in sizes):
             return None
         self.kind[n] = ("n", len(sizes))
+        self.split_sizes(sizes)
+        return ("pieces", _app("split", self.sliced(x), _vec(sizes), d))
+
+    def split_sizes(self, sizes: list[int]) -> None:
+        """The facts the split_cat and merge_splits rules read about a split's sizes: whether
+        they are all equal, and where each piece starts (a walk in the rules would take one
+        iteration per piece). Seeded for every split, the batch rules' own included."""
         if len(set(sizes)) == 1:
             self.facts.append(_app("even_split", _vec(sizes), sizes[0]))
-        # Where each piece starts (merge_splits reads it); a walk in the rules would take one
-        # iteration per piece.
         self.facts.append(_app("set", _app("split_starts", _vec(sizes)), _vec(itertools.accumulate(sizes[:-1], initial=0))))
-        return ("pieces", _app("split", self.sliced(x), _vec(sizes), d))
 
     def make_reshape(self, n):
         """reshape(x, sizes) / x.view(sizes) to ints: reshape to the output's static shape (-1
@@ -927,6 +931,7 @@ class _Lowerer:
             g = counts["_lhs"] = counts.get("_lhs", 0) + 1
             g = -g  # lhs groups count down so their ids never meet the batch groups'
             sizes = [self.lhs_kind[m][3] for m in members]
+            self.split_sizes(sizes)
             shp = self.shapes[members[0]]
             out = _vec([*shp[:-1], sum(sizes)])
             self.facts += [
@@ -962,6 +967,7 @@ class _Lowerer:
                 g = -counts["_lhs"]  # counts down with the linear lhs groups
                 ys = [self.mm_kind[m][1] for m in members]
                 sizes = [self.shapes[y][-1] for y in ys]
+                self.split_sizes(sizes)
                 shp = self.shapes[members[0]]
                 out = _vec([*shp[:-1], sum(sizes)])
                 self.facts.append(_app("set", _app("group_vec", g, 1), _vec(self.operand(y) for y in ys)))

@@ -78,3 +78,29 @@ def test_batch_linear_lhs_pair_forms_only_without_twins():
     for outs in ((8, 8), (8, 16, 8)):  # look-alikes inside the group are not twins
         after, report = optimize_with(torch.fx.symbolic_trace(SharedInput(outs)), batch_linear_lhs, x)
         assert report.matches["batch-linear-lhs"] == len(outs) and calls(after, F.linear) == 1
+
+
+class TwoLevels(nn.Module):
+    """MaskNet's mask MLPs: three linears on x, a relu each, then one linear per branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.ModuleList(nn.Linear(16, 8) for _ in range(3))
+        self.second = nn.ModuleList(nn.Linear(8, 4) for _ in range(3))
+
+    def forward(self, x):
+        return [g(torch.relu(f(x))) for f, g in zip(self.first, self.second)]
+
+
+def test_batch_linear_lhs_pieces_of_equal_size_stack_as_a_view():
+    """The wide GEMM's split has equal pieces, so the next batch reads the relu'd wide output
+    through unflatten + movedim (stack-of-split-pieces) instead of copying the pieces into a stack."""
+    from optimus_egg.rules.batch_linear import batch_linear
+    from optimus_egg.rules.batch_pointwise import batch_pointwise
+    from optimus_egg.rules.split_cat import split_cat
+
+    families = (batch_linear_lhs, batch_pointwise, batch_linear, split_cat)
+    after, report = optimize_with(torch.fx.symbolic_trace(TwoLevels()), families, torch.randn(4, 16))
+    assert fired(report, "batch-linear-lhs") and fired(report, "stack-of-split-pieces")
+    assert calls(after, F.linear) == 1 and calls(after, torch.split) == 0
+    assert calls(after, torch.stack) == 2  # the second level's weights and biases only
