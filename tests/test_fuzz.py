@@ -158,7 +158,7 @@ def programs(draw):
         st.tuples(st.just("fanout"), st.sampled_from(parts), st.booleans(), subset),  # linears on one input
         # tanh(x @ p.T) @ p for parts p with one x: score products of one query (batch-matmul-lhs);
         # "chain" re-reads x after each update, so a later product may depend on an earlier one
-        st.tuples(st.just("attend"), st.sampled_from(parts), st.sampled_from(["matmul", "at", "bmm"]),
+        st.tuples(st.just("attend"), st.sampled_from(parts), st.sampled_from(["matmul", "at", "bmm", "bmm_row"]),
                   st.sampled_from(["old", "chain"]), subset),
         st.tuples(st.just("layer_norm"), st.sampled_from(["affine", "plain", "functional"]), subset),
         st.tuples(st.just("pointwise"), st.sampled_from(sorted(POINTWISE)), st.integers(0, 2), subset),
@@ -307,8 +307,10 @@ class Program(nn.Module):
                     score = torch.matmul(x, p.transpose(0, 1))
                 elif s[2] == "at":
                     score = x @ p.t()
-                else:
+                elif s[2] == "bmm":
                     score = torch.bmm(x.unsqueeze(0), p.transpose(0, 1).unsqueeze(0)).squeeze(0)
+                else:  # the batch's row taken by indexing: a tensor, not a tuple
+                    score = torch.bmm(x.unsqueeze(0), p.transpose(0, 1).unsqueeze(0))[0]
                 ps[i] = torch.tanh(score / d) @ p
         elif kind == "layer_norm":
             for i in s[2]:
@@ -934,6 +936,7 @@ FIRING = {
     "attend_matmul": (_prog([("attend", 0, "matmul", "old", (0, 1, 2))]), "fx", ["batch-matmul-lhs"], []),
     "attend_at": (_prog([("attend", 1, "at", "old", (0, 2))]), "fx", ["batch-matmul-lhs"], []),
     "attend_bmm": (_prog([("attend", 2, "bmm", "old", (0, 1))]), "fx", ["batch-matmul-lhs"], []),
+    "attend_bmm_row": (_prog([("attend", 2, "bmm_row", "old", (0, 1, 2))]), "fx", ["batch-matmul-lhs"], []),
     "attend_aten": (_prog([("attend", 0, "bmm", "old", (0, 1, 2))]), "make_fx", ["batch-matmul-lhs"], []),
     # ATen spells a 2-D matmul aten.mm(x, p.t()), which from_fx reads as linear(x, p): one input
     "attend_aten_mm": (_prog([("attend", 0, "matmul", "old", (0, 1, 2))]), "make_fx", ["batch-linear-lhs"], []),

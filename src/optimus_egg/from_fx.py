@@ -447,7 +447,10 @@ class _Lowerer:
         return _app("call", tid, _vec([*values, *deps]))
 
     def tuple_valued(self, n: fx.Node) -> bool:
-        """All users take pieces: int getitems, or a cat/stack given the whole tuple."""
+        """All users take pieces: int getitems, or a cat/stack given the whole tuple. A node
+        whose value is known to be a tensor never is: `bmm(q, k)[0]` selects a row."""
+        if isinstance(self.values.get(n), (torch.Tensor, shapes.Meta)):
+            return False
         return bool(n.users) and all(
             (u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int))
             or (u.op == "call_function" and (u.target in _CAT or u.target in _STACK)
@@ -868,6 +871,14 @@ class _Lowerer:
         return str(getattr(v, "dtype", None)) + str(getattr(v, "device", None))
 
     # groups ------------------------------------------------------------------
+    def distinct(self, members: list[fx.Node]) -> list[fx.Node]:
+        """`members` less the repeats of a value: two FX copies of one term (the same op on
+        the same operands, traced twice) are one e-class and join a group once."""
+        first: dict[str, fx.Node] = {}
+        for m in members:
+            first.setdefault(self.expr[m], m)
+        return list(first.values())
+
     def seed_groups(self) -> dict[str, int]:
         depth = _depths(self.gm.graph)
         reach = _grad_reach(self.gm.graph, self.values)
@@ -877,6 +888,7 @@ class _Lowerer:
                 buckets[(k[0], k[1], depth[n], n in reach, n.meta.get(PART))].append(n)
         counts: dict[str, int] = defaultdict(int)
         for (family, *_), members in buckets.items():
+            members = self.distinct(members)
             if len(members) < 2:
                 continue
             counts[family] += 1
@@ -923,7 +935,7 @@ class _Lowerer:
                 buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach, n.meta.get(PART))].append(n)
         ancestors = _Ancestors(self.gm.graph)
         twins = _Twins(self.kind, ancestors)
-        for members in buckets.values():
+        for members in map(self.distinct, buckets.values()):
             if len(members) < 2 or (len(members) < LHS_MIN_MEMBERS and any(twins.has_twin(m, members) for m in members)):
                 continue
             x = self.lhs_kind[members[0]][0]
@@ -957,7 +969,7 @@ class _Lowerer:
             if ys[-1] >= SYMBOLIC_MIN or out[-1] != ys[-1]:
                 continue
             buckets[(self.expr.get(x, x), tid, self.dtype(y), ys[:-1], n in reach, n.meta.get(PART))].append(n)
-        for candidates in buckets.values():
+        for candidates in map(self.distinct, buckets.values()):
             for members in ancestors.independent_sets(candidates) if len(candidates) > 1 else ():
                 if len(members) < 2:
                     continue

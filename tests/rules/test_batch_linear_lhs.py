@@ -104,3 +104,20 @@ def test_batch_linear_lhs_pieces_of_equal_size_stack_as_a_view():
     assert fired(report, "batch-linear-lhs") and fired(report, "stack-of-split-pieces")
     assert calls(after, F.linear) == 1 and calls(after, torch.split) == 0
     assert calls(after, torch.stack) == 2  # the second level's weights and biases only
+
+
+class RepeatedLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 8), nn.Linear(16, 4), nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.a(x), self.b(x), torch.tanh(self.a(x)), self.c(x)
+
+
+def test_batch_linear_lhs_joins_a_repeated_linear_once():
+    """self.a(x) called twice is one value: the wide GEMM concatenates a's weight once."""
+    after, report = optimize_with(torch.fx.symbolic_trace(RepeatedLinear()), batch_linear_lhs, torch.randn(4, 16))
+    assert report.groups["linear_lhs"] == 1 and calls(after, F.linear) == 1
+    cat = next(n for n in after.graph.nodes if n.target is torch.cat)
+    assert len(cat.args[0]) == 3

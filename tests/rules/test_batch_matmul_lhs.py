@@ -58,3 +58,18 @@ def test_batch_matmul_lhs_needs_alike_right_operands():
     after, report = optimize_with(before, batch_matmul_lhs, x, k, kd, k3, v)
     # the two fp64 products group; x's fp32 ones with 2-D, 3-D and 1-D right operands do not
     assert report.groups.get("matmul_lhs") == 1 and calls(after, torch.matmul) == 5
+
+
+def test_batch_matmul_lhs_products_indexed_by_row():
+    """`bmm(q, k)[0]` selects a row of a tensor: the product still joins the group. The same
+    product traced twice is one value and joins it once (k2 is concatenated once)."""
+
+    def before(q, k1, k2):
+        return torch.bmm(q, k1)[0], torch.bmm(q, k2)[0] + 1, torch.bmm(q, k2)[1:]
+
+    q, k1, k2 = torch.randn(3, 4, 8), torch.randn(3, 8, 5), torch.randn(3, 8, 6)
+    after, report = optimize_with(before, batch_matmul_lhs, q, k1, k2)
+    assert fired(report, "batch-matmul-lhs") and report.groups["matmul_lhs"] == 1
+    assert calls(after, torch.bmm) == 1
+    (cat,) = [n for n in after.graph.nodes if n.target is torch.cat]
+    assert [a.name for a in cat.args[0]] == ["k1", "k2"]
