@@ -205,3 +205,45 @@ def test_split_cat_passes_keep_values():
     assert fired.get("normalization_pass", 0) >= 1
     assert any(k.startswith(("scmerge", "unbind_stack")) for k in fired), fired
     assert values_match(fused(x), model(x))
+
+
+def _products_on(devices: list[str]) -> torch.fx.Graph:
+    """An ATen graph of independent `a * b` on 4-element tensors, one per device (fake values)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g, outs = torch.fx.Graph(), []
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for i, dev in enumerate(devices):
+            a, b = g.placeholder(f"a{i}"), g.placeholder(f"b{i}")
+            a.meta["val"], b.meta["val"] = torch.empty(4, device=dev), torch.empty(4, device=dev)
+            m = g.call_function(torch.ops.aten.mul.Tensor, (a, b))
+            m.meta["val"] = torch.empty(4, device=dev)
+            outs.append(m)
+    g.output(tuple(outs))
+    return torch.fx.GraphModule(nn.Module(), g).graph
+
+
+def test_same_device_batch_mul_batches_each_device_apart():
+    """torch 2.13's batch_aten_mul puts same-shape products on two devices in one group and
+    fails stacking them; SAME_DEVICE_BATCH_MUL (the backend's) makes one product per device.
+    Fake CUDA values: only the graph rewrite runs, so no GPU is needed."""
+    from torch._inductor import config
+    from torch._inductor.fx_passes.group_batch_fusion import group_batch_fusion_passes
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+
+    from optimus_egg.baselines import EGG_POST_GRAD, SAME_DEVICE_BATCH_MUL, post_grad_patches
+
+    assert SAME_DEVICE_BATCH_MUL in EGG_POST_GRAD and "batch_aten_mul" not in EGG_POST_GRAD
+
+    def batched(name: str) -> torch.fx.Graph:
+        g = _products_on(["cpu", "cpu", "cuda", "cpu", "cuda"])
+        with config.patch(post_grad_patches({name: {"min_fuse_set_size": 2}})):
+            group_batch_fusion_passes(g, pre_grad=False)
+        return g
+
+    g = batched(SAME_DEVICE_BATCH_MUL)
+    muls = [n for n in g.nodes if n.target is torch.ops.aten.mul.Tensor]
+    assert sorted(str(n.meta["val"].device) for n in muls) == ["cpu", "cuda:0"]
+    assert sorted(tuple(n.meta["val"].shape) for n in muls) == [(2, 4), (3, 4)]
+    with pytest.raises(FakeTensorDeviceMismatchError):
+        batched("batch_aten_mul")

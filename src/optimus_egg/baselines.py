@@ -49,6 +49,7 @@ __all__ = [
     "OPTIMUS_PRE_GRAD",
     "OPTIMUS_POST_GRAD",
     "EGG_POST_GRAD",
+    "SAME_DEVICE_BATCH_MUL",
     "SAME_DTYPE_BATCH_LINEAR",
     "verify_options",
     "capture",
@@ -122,6 +123,11 @@ OPTIMUS_POST_GRAD: dict[str, dict[str, Any]] = {
 # fp64 (devices are not compared either). SAME_DTYPE_BATCH_LINEAR is the same pass with each
 # operand's dtype and device in the group key; the optimus_egg backend runs it instead.
 SAME_DTYPE_BATCH_LINEAR = "batch_linear_post_grad_same_dtype"
+# Likewise torch 2.13's batch_aten_mul keys its groups by shape and dtypes but not device: two
+# products of 0-d tensors, one on the CPU and one on a GPU, would be stacked into one tensor
+# (a cross-device cat). SAME_DEVICE_BATCH_MUL adds each operand's device to the key.
+SAME_DEVICE_BATCH_MUL = "batch_aten_mul_same_device"
+_REFINED = {"batch_linear_post_grad": SAME_DTYPE_BATCH_LINEAR, "batch_aten_mul": SAME_DEVICE_BATCH_MUL}
 
 # The post-grad passes the optimus_egg backend (and the bench's optimus_egg and greedy-rules
 # arms) compile with: OPTIMUS_POST_GRAD without the pointwise batching other than products.
@@ -132,26 +138,36 @@ SAME_DTYPE_BATCH_LINEAR = "batch_linear_post_grad_same_dtype"
 # or training, measured), and torch 2.13's version takes every user of a cat's input for a
 # select: on the backward of a rewritten graph it raised IndexError inside Inductor.
 EGG_POST_GRAD: dict[str, dict[str, Any]] = {
-    (SAME_DTYPE_BATCH_LINEAR if k == "batch_linear_post_grad" else k): v for k, v in OPTIMUS_POST_GRAD.items()
+    _REFINED.get(k, k): v for k, v in OPTIMUS_POST_GRAD.items()
     if (not k.startswith("batch_aten_") or k == "batch_aten_mul") and k != "select_cat_aten_pass"
 }
 
 
-def _register_same_dtype_batch_linear() -> None:
-    """Register SAME_DTYPE_BATCH_LINEAR with Inductor's post-grad fusions (once)."""
+def _operand_key(node: fx.Node) -> tuple:
+    """Each tensor operand's dtype and device, for a post-grad fusion's group key."""
+    vals = [a.meta["val"] for a in node.args if isinstance(a, fx.Node)]
+    return tuple((str(v.dtype), str(v.device)) for v in vals)
+
+
+def _register_refined_fusions() -> None:
+    """Register SAME_DTYPE_BATCH_LINEAR and SAME_DEVICE_BATCH_MUL with Inductor's post-grad
+    fusions (once): PyTorch's passes with each operand's dtype and device in the group key."""
     from torch._inductor.fx_passes import group_batch_fusion as gbf
 
-    if SAME_DTYPE_BATCH_LINEAR in gbf.POST_GRAD_FUSIONS:
+    if SAME_DEVICE_BATCH_MUL in gbf.POST_GRAD_FUSIONS:
         return
 
     @gbf.register_fusion(SAME_DTYPE_BATCH_LINEAR, pre_grad=False)
     class SameDtypeBatchLinear(gbf.PostGradBatchLinearFusion):
         def match(self, node: fx.Node):
             key = super().match(node)
-            if key is None:
-                return None
-            vals = [a.meta["val"] for a in node.args if isinstance(a, fx.Node)]
-            return (*key, *((str(v.dtype), str(v.device)) for v in vals))
+            return None if key is None else (*key, *_operand_key(node))
+
+    @gbf.register_fusion(SAME_DEVICE_BATCH_MUL, pre_grad=False)
+    class SameDeviceBatchMul(gbf.BatchMulPostGradFusion):
+        def match(self, node: fx.Node):
+            key = super().match(node)
+            return None if key is None else (*key, *_operand_key(node))
 
 
 def verify_options(
@@ -164,7 +180,7 @@ def verify_options(
     )
     from torch._inductor.fx_passes.split_cat import POST_GRAD_PATTERNS, PRE_GRAD_PATTERNS
 
-    _register_same_dtype_batch_linear()
+    _register_refined_fusions()
     pre_grad = OPTIMUS_PRE_GRAD if pre_grad is None else pre_grad
     post_grad = OPTIMUS_POST_GRAD if post_grad is None else post_grad
     unknown = [k for k in pre_grad if k not in PRE_GRAD_FUSIONS and k not in PRE_GRAD_PATTERNS]
