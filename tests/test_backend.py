@@ -71,6 +71,39 @@ def test_backend_by_name_training_gradients_match_eager(monkeypatch):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["fallback", "strict"])
+def test_backend_compiles_the_unmodified_graph_when_inductor_fails_on_the_optimized_one(monkeypatch, strict):
+    """An Inductor failure on the rewritten graph is an optimizer failure: a warning and the
+    graph Dynamo captured, compiled as usual (strict: the error)."""
+    import torch._inductor.compile_fx as inductor
+
+    real, compiled = inductor.compile_fx, []
+
+    def fails_on_rewritten(gm, example_inputs, **kw):
+        report = gm.meta.get("optimus_egg")
+        if report is not None and report.changed:
+            raise RuntimeError("Inductor failure")
+        compiled.append(gm)
+        return real(gm, example_inputs, **kw)
+
+    monkeypatch.setattr(inductor, "compile_fx", fails_on_rewritten)
+    torch.manual_seed(0)
+    m, x = Parallel().eval(), torch.randn(8, 96)
+    fn = torch.compile(m, backend=optimus_egg.backend(budget_s=5.0, strict=strict))
+    with torch.no_grad():
+        if strict:
+            with pytest.raises(Exception, match="Inductor failure"):
+                fn(x)
+            return
+        with pytest.warns(RuntimeWarning, match="Inductor failed on the optimized graph"):
+            got = fn(x)
+        torch.testing.assert_close(got, m(x))
+    # (compile_fx calls itself once more to apply its config patches)
+    assert compiled and all(g is compiled[0] for g in compiled)
+    assert "optimus_egg" not in compiled[0].meta  # Dynamo's own graph
+    assert sum(n.target is torch._C._nn.linear for n in compiled[0].graph.nodes) == 6
+
+
 def test_eight_parallel_linears_launch_one_gemm():
     from optimus_egg.measure import compile_inductor
     from optimus_egg.testing import calls

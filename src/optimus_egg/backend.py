@@ -1,6 +1,7 @@
 """The torch.compile backend: optimize the Dynamo graph, then hand it to Inductor."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -15,6 +16,10 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
     training includes the backward graph that optimus_egg never sees. Either way Inductor
     compiles the backward without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13
     bug). Other options go to `optimize`.
+
+    If Inductor fails on the optimized graph, the backend warns and compiles the graph Dynamo
+    gave it instead (with `strict=True` it raises). The backward is compiled lazily, on the
+    first backward call, outside this fallback.
     """
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -27,10 +32,22 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
         )
         from optimus_egg.pipeline import optimize
 
+        def inductor(g: torch.fx.GraphModule):
+            # compile_fx re-applies its config_patches when it compiles the backward later
+            return compile_fx(g, example_inputs, inner_compile=backward_patched(EGG_BACKWARD),
+                              config_patches=post_grad_patches(EGG_POST_GRAD) if post_grad else None)
+
         out = optimize(gm, list(example_inputs), budget_s, **options)
-        # compile_fx re-applies its config_patches when it compiles the backward later
-        return compile_fx(out, example_inputs, inner_compile=backward_patched(EGG_BACKWARD),
-                          config_patches=post_grad_patches(EGG_POST_GRAD) if post_grad else None)
+        if not out.meta["optimus_egg"].changed:
+            return inductor(out)
+        try:
+            return inductor(out)
+        except Exception as e:
+            if options.get("strict"):
+                raise
+            warnings.warn(f"optimus_egg: Inductor failed on the optimized graph ({type(e).__name__}: {e}); "
+                          "compiling the unmodified graph", RuntimeWarning, stacklevel=2)
+            return inductor(gm)
 
     compile_fn.__name__ = "optimus_egg"
     return compile_fn
