@@ -475,3 +475,81 @@ def test_a_weight_two_parts_would_share_is_refused_with_a_warning():
         out = optimus_egg.optimize(gm, [x, y], 2.0)
     assert not out.meta["optimus_egg"].changed
     torch.testing.assert_close(out(x, y), gm(x, y))
+
+
+class Branches(nn.Module):
+    """torch.cond on the sign of x's sum: each branch runs three linears on x (a lhs group in
+    each branch), returning their results apart (`outs` = 3) or summed (1)."""
+
+    def __init__(self, outs=3, d=8):
+        super().__init__()
+        self.outs = outs
+        self.ls = nn.ModuleList(nn.Linear(d, 4 * (i + 1)) for i in range(3))
+        self.ms = nn.ModuleList(nn.Linear(d, 4 * (i + 1)) for i in range(3))
+
+    def forward(self, x):
+        def results(r):
+            return tuple(r) if self.outs > 1 else (sum(o.sum(1) for o in r),)
+
+        def pos(x):
+            return results(lin(x) for lin in self.ls)
+
+        def neg(x):
+            return results(torch.tanh(m(x)) for m in self.ms)
+
+        out = torch.cond(x.sum() > 0, pos, neg, (x,))
+        return sum(o.sum(-1) if o.dim() > 1 else o for o in out)
+
+
+@pytest.mark.parametrize("outs", [1, 3])
+def test_cond_branches_are_optimized_as_bodies_in_inference(outs):
+    """Each branch is a part; a branch result the rewrite made a view (a split piece of the wide
+    GEMM's output) is cloned, as torch.cond admits no result aliasing another. Inductor
+    compiles the rebuilt branches (the backend, strict) and both branches give eager's values."""
+    m, ref = twin(lambda: Branches(outs))
+    captured, compiled = [], optimus_egg.backend(budget_s=2.0, strict=True)
+
+    def backend(gm, example_inputs):
+        out = optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True)
+        captured.append(out)
+        return compiled(gm, example_inputs)
+
+    fn = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for sign in (1, -1):
+            x = torch.randn(4, 8).abs() * sign
+            torch.testing.assert_close(fn(x), ref(x), rtol=1e-4, atol=1e-5)
+    (out,) = captured
+    report = out.meta["optimus_egg"]
+    assert report.parts == 3 and report.changed, report  # the outer graph and two branches
+    assert report.matches["batch-linear-lhs"] == 6, report.matches  # a group of three per branch
+    for name in ("cond_true_0", "cond_false_0"):
+        returned = next(n for n in getattr(out, name).graph.nodes if n.op == "output").args[0]
+        assert len(returned) == outs
+        assert all(r.target is torch.clone for r in returned) == (outs == 3), name
+        assert sum(n.target is torch._C._nn.linear for n in getattr(out, name).graph.nodes) == 1
+
+
+def test_cond_branches_a_gradient_needs_stay_as_they_are():
+    """In training the branches' gradients would be views of one concatenated weight's, which
+    torch.cond's backward rejects: the branches are left alone and train as eagerly."""
+    m, ref = twin(lambda: Branches(1))
+    x = torch.randn(4, 8)
+    out, (report,) = through_backend(m, x)
+    assert not report.changed, report  # (the outer graph alone is a part, with nothing to batch)
+    expected = ref(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    assert_same_grads(m, ref)
+
+
+def test_export_cond_branches_are_optimized():
+    m, ref = twin(lambda: Branches(3))
+    x = torch.randn(4, 8)
+    gm = torch.export.export(m, (x,)).module()
+    out = optimus_egg.optimize(gm, [x], 2.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.changed and report.matches["batch-linear-lhs"] == 6, report
+    for sign in (1, -1):
+        torch.testing.assert_close(out(x.abs() * sign), ref(x.abs() * sign), rtol=1e-4, atol=1e-5)

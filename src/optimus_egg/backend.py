@@ -43,7 +43,8 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
         try:
             return inductor(out)
         except Exception as e:
-            if options.get("strict"):
+            # Dynamo's own signals (a restart of the capture, RestartAnalysis) pass through
+            if options.get("strict") or isinstance(e, torch._dynamo.exc.TorchDynamoException):
                 raise
             warnings.warn(f"optimus_egg: Inductor failed on the optimized graph ({type(e).__name__}: {e}); "
                           "compiling the unmodified graph", RuntimeWarning, stacklevel=2)

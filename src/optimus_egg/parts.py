@@ -10,7 +10,8 @@ cat after it do not cancel).
 Bodies. `torch.utils.checkpoint.checkpoint(fn, ...)` reaches Dynamo's graph as one call of a
 higher-order op on a body graph (`tag_activation_checkpoint(wrap_body_0, x, *params)`), opaque
 to the rules; torch.export puts no_grad and autocast blocks in such bodies too
-(`wrap_with_set_grad_enabled`, `wrap_with_autocast`). Each body called once is a part.
+(`wrap_with_set_grad_enabled`, `wrap_with_autocast`). Each body called once is a part, and so
+is each branch of a `torch.cond` whose results need no gradient (UNALIASED_OPS).
 
 All parts are copied side by side into one graph with no edge between them: each part reads
 its own placeholders (one per value it reads from outside, parameters included, so no e-node is
@@ -35,9 +36,52 @@ from optimus_egg.shapes import _fetch, _meta_value
 
 MIN_NODES = 2  # a stretch with fewer call nodes has nothing to batch or cancel
 
-# Higher-order ops that run a body graph on their other operands -> the body's operand index:
-# Dynamo's checkpoint and wrap, torch.export's no_grad and autocast blocks.
-BODY_OPS = {"tag_activation_checkpoint": 0, "wrap": 0, "wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
+# Higher-order ops that run body graphs -> (the bodies' operand indices, where the bodies'
+# inputs are): Dynamo's checkpoint and wrap, torch.export's no_grad and autocast blocks take
+# them as their operands after the body; torch.cond runs one of two bodies on a tuple operand.
+BODY_OPS = {"tag_activation_checkpoint": ((0,), 1), "wrap": ((0,), 1), "wrap_with_set_grad_enabled": ((1,), 2),
+            "wrap_with_autocast": ((4,), 5), "cond": ((1, 2), (3,))}
+
+
+# Higher-order ops whose bodies may return no view of an input or of another output
+# (torch.cond checks it when it is traced again): a rewritten body may, so such an output is
+# cloned (a split piece of a batched result, or an input a cat of its pieces became).
+UNALIASED_OPS = {"cond"}
+
+
+def _unaliased(graph: fx.Graph, returned):
+    """`returned` (a body's output structure) with each view, input, or repeated node cloned."""
+    from optimus_egg.extract.launch_cost import VIEW_TARGETS
+
+    seen: set[fx.Node] = set()
+
+    def fresh(a: fx.Node) -> fx.Node:
+        view = a.op in ("placeholder", "get_attr") or (
+            a.op in ("call_function", "call_method") and _name(a.target) in VIEW_TARGETS)
+        if view or a in seen:
+            a = graph.call_function(torch.clone, (a,))
+        seen.add(a)
+        return a
+
+    return fx.node.map_arg(returned, fresh)
+
+
+def _may_need_grad(n: fx.Node) -> bool:
+    """Whether a result of `n` requires grad, by its meta value (True if it has none)."""
+    v = _meta_value(n)
+    if v is None:
+        return True
+    flat = v if isinstance(v, (tuple, list)) else [v]
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
+
+
+def body_inputs(call: fx.Node) -> list:
+    """What a BODY_OPS call passes its bodies, one per body placeholder."""
+    start = BODY_OPS[_name(call.target)][1]
+    if isinstance(start, tuple):  # the inputs as one tuple operand
+        packed = call.args[start[0]] if len(call.args) > start[0] else ()
+        return list(packed) if isinstance(packed, (tuple, list)) else []
+    return list(call.args[start:])
 # What a later stretch may read of an earlier one's result: sizes (to_fx reads a symbolic size
 # from the first input that has it), never a tensor.
 _SIZE_OPS = {torch.ops.aten.sym_size.int, operator.add, operator.mul, operator.floordiv}
@@ -78,10 +122,11 @@ def bodies(gm: fx.GraphModule) -> dict[str, fx.Node]:
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             reads[n.target] = reads.get(n.target, 0) + len(n.users)
-        elif n.op == "call_function" and len(n.args) > BODY_OPS.get(_name(n.target), len(n.args)):
-            body = n.args[BODY_OPS[_name(n.target)]]
-            if isinstance(body, fx.Node) and body.op == "get_attr":
-                calls.setdefault(body.target, []).append(n)
+        elif n.op == "call_function" and _name(n.target) in BODY_OPS:
+            for k in BODY_OPS[_name(n.target)][0]:
+                body = n.args[k] if len(n.args) > k else None
+                if isinstance(body, fx.Node) and body.op == "get_attr":
+                    calls.setdefault(body.target, []).append(n)
     return {t: ns[0] for t, ns in calls.items() if len(ns) == 1 and reads.get(t) == 1 and "." not in t
             and isinstance(getattr(gm, t, None), fx.GraphModule) and _optimizable_body(getattr(gm, t))}
 
@@ -141,6 +186,13 @@ class Plan:
         for p in self.parts:
             p.grad_off = (p.call or p.nodes[0]) in off
         reach = self._grad_reach(off)
+        # torch.cond's backward needs each branch's gradients to be fresh tensors: the gradient
+        # of a batched branch (pieces of one concatenated weight's) is views of one tensor, which
+        # it rejects (so does plain torch.compile on such a branch). A branch whose results need
+        # a gradient (or may: no meta value) stays as it is.
+        self.parts = [p for p in self.parts if not (p.body and _name(p.call.target) in UNALIASED_OPS
+                                                    and p.call in reach and not p.grad_off
+                                                    and _may_need_grad(p.call))]
         g = fx.Graph()
         env: dict[tuple[int, fx.Node], fx.Node] = {}
         self.leaf_of: list[tuple[int, fx.Node]] = []  # per placeholder of `combined`
@@ -191,8 +243,7 @@ class Plan:
                 starts = [a for k, a in enumerate(returned) if isinstance(a, fx.Node) and (outs is None or k in outs)]
                 inner = _grad_reach(body.graph, meta(body.graph), _grad_disabled(body), starts=starts)
                 reach |= inner
-                first = BODY_OPS[_name(call.target)] + 1
-                args = [a for ph, a in zip((n for n in body.graph.nodes if n.op == "placeholder"), call.args[first:])
+                args = [a for ph, a in zip((n for n in body.graph.nodes if n.op == "placeholder"), body_inputs(call))
                         if ph in inner and isinstance(a, fx.Node)]
                 more = _grad_reach(self.gm.graph, values, off, starts=args, barrier=set(calls))
                 if not more <= reach:
@@ -261,8 +312,11 @@ class Plan:
             emit(bg, i, lookup)
             own = {leaf: lookup[ph] for ph, (j, leaf) in leaf_of.items() if j == i}
             returned = next(n for n in old.graph.nodes if n.op == "output").args[0]
-            bg.output(fx.node.map_arg(returned, lambda a, i=i, own=own, lookup=lookup, bg=bg:
-                                      own[a] if a in own else result(bg, i, a, lookup)))
+            returned = fx.node.map_arg(returned, lambda a, i=i, own=own, lookup=lookup, bg=bg:
+                                       own[a] if a in own else result(bg, i, a, lookup))
+            if _name(p.call.target) in UNALIASED_OPS:
+                returned = _unaliased(bg, returned)
+            bg.output(returned)
             bg._codegen = copy.copy(old.graph._codegen)
             new_bodies[p.body] = fx.GraphModule(old, bg, class_name=type(old).__name__)
 
