@@ -73,6 +73,7 @@ BLOCKS = {
     "no_grad": torch.no_grad,  # (a change only in training: test_random_program_trains_through_the_backend)
     "autocast_off": lambda: torch.autocast("cpu", enabled=False),
     "checkpoint": contextlib.nullcontext,
+    "cond": contextlib.nullcontext,  # Dynamo: torch.cond on the sign of part 0's sum (two bodies)
 }
 
 
@@ -491,6 +492,8 @@ class Program(nn.Module):
             ps = self.tapped(k, s, ps, taps)
         if kind == "checkpoint" and count and torch.compiler.is_compiling():
             ps = self.checkpointed(steps[first:first + count], ps, taps)
+        elif kind == "cond" and count and torch.compiler.is_compiling():
+            ps = self.conditional(steps[first:first + count], ps, taps)
         else:
             with BLOCKS[kind]():
                 for k, s in steps[first:first + count]:
@@ -523,6 +526,23 @@ class Program(nn.Module):
             return (*qs, *got)
 
         out = torch.utils.checkpoint.checkpoint(body, *ps, use_reentrant=False)
+        taps += out[n:]
+        return list(out[:n])
+
+    def conditional(self, steps, ps, taps):
+        """The steps inside torch.cond (Dynamo: two body graphs, parts.py): run on the parts as
+        they are if part 0 sums above 0, else on their negations; the taps returned as outputs."""
+        n = len(ps)
+
+        def branch(sign):
+            def body(*xs):
+                qs, got = [x * sign for x in xs], []
+                for k, s in steps:
+                    qs = self.tapped(k, s, qs, got)
+                return (*qs, *got)
+            return body
+
+        out = torch.cond(ps[0].sum() > 0, branch(1.0), branch(-1.0), tuple(ps))
         taps += out[n:]
         return list(out[:n])
 
@@ -630,8 +650,14 @@ def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
         return gm.forward
 
     torch._dynamo.reset()
+    cond = prog["block"] is not None and prog["block"][2] == "cond"
     with torch.no_grad():
-        torch.compile(model, backend=capture, dynamic=dynamic)(x.clone())
+        try:
+            torch.compile(model, backend=capture, dynamic=dynamic)(x.clone())
+        except Exception:
+            if not cond:
+                raise
+            assume(False)  # torch.cond refuses some branches (a random op, an input changed in place)
     assert captured
     for gm, inputs in captured:
         note(f"graph:\n{gm.code}")
@@ -642,6 +668,12 @@ def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
         inputs = [int(v) if isinstance(v, torch.SymInt) else v for v in inputs]
         torch.testing.assert_close(run_all(out, inputs), run_all(gm, inputs),
                                    rtol=1e-4, atol=1e-5, equal_nan=True)
+        if cond:  # the other branch too: the input negated (part 0's sum changes sign)
+            k = next(i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor) and v.shape == x.shape
+                     and not isinstance(v, nn.Parameter))
+            flipped = [-v if i == k else v for i, v in enumerate(inputs)]
+            torch.testing.assert_close(run_all(out, flipped), run_all(gm, flipped),
+                                       rtol=1e-4, atol=1e-5, equal_nan=True)
         # With a symbolic batch the result must hold at other batch sizes too.
         other = at_batch(gm, inputs, x, prog["b"] + 3)
         if other is not None:
@@ -836,6 +868,9 @@ def test_random_program_trains_through_the_backend(prog):
     dropout under no_grad returns its input eagerly, so gradients still flow through it, but
     Dynamo marks its result as needing none)."""
     note(f"program: {prog}")
+    # (a cond block runs other steps than eager's on one branch, and torch 2.13 cannot train
+    # some conds, plain torch.compile included: the Dynamo value test covers it)
+    assume(prog["block"] is None or prog["block"][2] != "cond")
     model = Program(prog).to(prog["dtype"]).eval()
     x = make_input(prog)
     try:
