@@ -553,3 +553,102 @@ def test_export_cond_branches_are_optimized():
     assert report.changed and report.matches["batch-linear-lhs"] == 6, report
     for sign in (1, -1):
         torch.testing.assert_close(out(x.abs() * sign), ref(x.abs() * sign), rtol=1e-4, atol=1e-5)
+
+
+class Region(nn.Module):
+    """Four linears on x, tanh'd: one body (`nested_compile_region`) that repeated layers share."""
+
+    def __init__(self, d=8, two=False):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+        self.two = two
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        ys = [torch.tanh(lin(x)) for lin in self.ls]
+        return (ys[0] + ys[1], ys[2] * ys[3]) if self.two else sum(ys)
+
+
+class Layers(nn.Module):
+    """Three Region layers in a row. With `two`, each layer's second result feeds only a side
+    sum, which the last layer does not add to (so its call's second result is unread)."""
+
+    def __init__(self, two=False):
+        super().__init__()
+        self.two = two
+        self.layers = nn.ModuleList(Region(two=two) for _ in range(3))
+
+    def forward(self, x):
+        side = 0
+        for i, layer in enumerate(self.layers):
+            if not self.two:
+                x = layer(x)
+                continue
+            x, s = layer(x)
+            side = side + s if i < 2 else side
+        return x + side if self.two else x
+
+
+def through_inductor(model, x):
+    """Run `model` through torch.compile with the optimus_egg backend (strict): a Dynamo graph
+    with invoke_subgraph runs only compiled. Returns the output and optimize()'s results."""
+    results, real = [], optimus_egg.backend(budget_s=2.0, strict=True)
+
+    def backend(gm, example_inputs):
+        results.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
+        return real(gm, example_inputs)
+
+    return torch.compile(model, backend=backend)(x), results
+
+
+def linears(gm: fx.GraphModule) -> int:
+    return sum(n.target is torch._C._nn.linear for n in gm.graph.nodes)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_a_body_layers_share_is_optimized_once(training):
+    """Dynamo traces the first layer inline and runs the other two through one shared body
+    (invoke_subgraph): that body is a part, batched once for both calls."""
+    m, ref = twin(Layers)
+    x = torch.randn(4, 8)
+    captured = []
+
+    def grab(gm, example_inputs):
+        captured.append(gm)
+        return gm
+
+    torch.compile(Layers(), backend=grab)(x)
+    ((name, calls),) = bodies(captured[0]).items()
+    assert len(calls) == 2 and all(c.target is torch.ops.higher_order.invoke_subgraph for c in calls)
+
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(training):
+        out, (result,) = through_inductor(m, x)
+        expected = ref(x)
+    report = result.meta["optimus_egg"]
+    assert report.parts == 2 and report.changed, report
+    (shared,) = bodies(result)  # (its name may differ from the first capture's)
+    assert linears(getattr(captured[0], name)) == 4 and linears(getattr(result, shared)) == 1
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    if training:
+        out.sum().backward()
+        expected.sum().backward()
+        assert_same_grads(m, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_shared_body_whose_calls_read_different_results_trains_as_plain_torch_compile():
+    """The last layer's second result is unread. Eagerly the linears feeding only it get no
+    gradient; through invoke_subgraph plain torch.compile gives them zeros (its backward runs
+    the whole body), and so does the batched body, which a gradient reaches in the other call."""
+    m, ref = twin(lambda: Layers(two=True))
+    plain = Layers(two=True)
+    plain.load_state_dict(m.state_dict())
+    x = torch.randn(4, 8)
+    out, (result,) = through_inductor(m, x)
+    assert result.meta["optimus_egg"].parts == 2 and result.meta["optimus_egg"].changed
+    expected = torch.compile(plain)(x)
+    torch.testing.assert_close(out, ref(x), rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    expected.sum().backward()
+    assert plain.layers[2].ls[3].weight.grad is not None  # (eagerly: None)
+    assert_same_grads(m, plain, rtol=1e-4, atol=1e-5)

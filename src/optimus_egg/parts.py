@@ -11,7 +11,8 @@ Bodies. `torch.utils.checkpoint.checkpoint(fn, ...)` reaches Dynamo's graph as o
 higher-order op on a body graph (`tag_activation_checkpoint(wrap_body_0, x, *params)`), opaque
 to the rules; torch.export puts no_grad and autocast blocks in such bodies too
 (`wrap_with_set_grad_enabled`, `wrap_with_autocast`). Each body called once is a part, and so
-is each branch of a `torch.cond` whose results need no gradient (UNALIASED_OPS).
+is each branch of a `torch.cond` whose results need no gradient (UNALIASED_OPS), and a body
+repeated layers share (`nested_compile_region`'s invoke_subgraph, SHARED_OPS).
 
 All parts are copied side by side into one graph with no edge between them: each part reads
 its own placeholders (one per value it reads from outside, parameters included, so no e-node is
@@ -40,7 +41,11 @@ MIN_NODES = 2  # a stretch with fewer call nodes has nothing to batch or cancel
 # inputs are): Dynamo's checkpoint and wrap, torch.export's no_grad and autocast blocks take
 # them as their operands after the body; torch.cond runs one of two bodies on a tuple operand.
 BODY_OPS = {"tag_activation_checkpoint": ((0,), 1), "wrap": ((0,), 1), "wrap_with_set_grad_enabled": ((1,), 2),
-            "wrap_with_autocast": ((4,), 5), "cond": ((1, 2), (3,))}
+            "wrap_with_autocast": ((4,), 5), "cond": ((1, 2), (3,)), "invoke_subgraph": ((0,), 2)}
+# Higher-order ops whose body may be run by several calls: `torch.compiler.nested_compile_region`
+# reuses one body (invoke_subgraph) only for calls on inputs of the same metadata, which are the
+# body's example values. Any other body run twice might run on other shapes than those.
+SHARED_OPS = {"invoke_subgraph"}
 
 
 # Higher-order ops whose bodies may return no view of an input or of another output
@@ -114,9 +119,9 @@ def stretches(gm: fx.GraphModule) -> list[list[fx.Node]]:
     return [r for r in runs if r]
 
 
-def bodies(gm: fx.GraphModule) -> dict[str, fx.Node]:
-    """Attribute of `gm` -> the call running it, for each body of exactly one BODY_OPS call
-    read nowhere else (a body run twice might run on other shapes than its example values)."""
+def bodies(gm: fx.GraphModule) -> dict[str, list[fx.Node]]:
+    """Attribute of `gm` -> the calls running it, for each body read only by BODY_OPS calls:
+    by exactly one, or by calls of SHARED_OPS."""
     reads: dict[str, int] = {}
     calls: dict[str, list[fx.Node]] = {}
     for n in gm.graph.nodes:
@@ -127,7 +132,8 @@ def bodies(gm: fx.GraphModule) -> dict[str, fx.Node]:
                 body = n.args[k] if len(n.args) > k else None
                 if isinstance(body, fx.Node) and body.op == "get_attr":
                     calls.setdefault(body.target, []).append(n)
-    return {t: ns[0] for t, ns in calls.items() if len(ns) == 1 and reads.get(t) == 1 and "." not in t
+    return {t: ns for t, ns in calls.items() if reads.get(t) == len(ns) and "." not in t
+            and (len(ns) == 1 or all(_name(n.target) in SHARED_OPS for n in ns))
             and isinstance(getattr(gm, t, None), fx.GraphModule) and _optimizable_body(getattr(gm, t))}
 
 
@@ -156,7 +162,7 @@ class Part:
     leaves: list[fx.Node]    # what it reads from outside: gm's nodes before it, or the body's placeholders and get_attrs
     outputs: list[fx.Node]   # its nodes read after it (a stretch), or those the body returns
     body: str | None = None  # the attribute holding the body
-    call: fx.Node | None = None  # a body's: the call of gm that runs it
+    calls: list[fx.Node] | None = None  # a body's: the calls of gm that run it
     grad_off: bool = False   # it runs with grad disabled (a no_grad block, or export's no_grad body)
 
 
@@ -166,12 +172,12 @@ def _stretch(run: list[fx.Node]) -> Part:
     return Part(run, leaves, [n for n in run if any(u not in members for u in n.users)])
 
 
-def _body(gm: fx.GraphModule, name: str, call: fx.Node) -> Part:
+def _body(gm: fx.GraphModule, name: str, calls: list[fx.Node]) -> Part:
     graph = getattr(gm, name).graph
     leaves = [n for n in graph.nodes if n.op == "placeholder"] + [n for n in graph.nodes if n.op == "get_attr"]
     outputs = list(dict.fromkeys(a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes
                                  if a.op not in ("placeholder", "get_attr")))
-    return Part([n for n in graph.nodes if n.op.startswith("call")], leaves, outputs, body=name, call=call)
+    return Part([n for n in graph.nodes if n.op.startswith("call")], leaves, outputs, body=name, calls=calls)
 
 
 class Plan:
@@ -181,18 +187,20 @@ class Plan:
     def __init__(self, gm: fx.GraphModule, example_inputs: list):
         self.gm = gm
         self.parts = ([_stretch(r) for r in stretches(gm) if len(r) >= MIN_NODES]  # (one run if no state changes)
-                      + [_body(gm, name, call) for name, call in bodies(gm).items()])
+                      + [_body(gm, name, calls) for name, calls in bodies(gm).items()])
         off = _grad_disabled(gm)
         for p in self.parts:
-            p.grad_off = (p.call or p.nodes[0]) in off
+            p.grad_off = all(n in off for n in p.calls or p.nodes[:1])
+        # a shared body run both with grad and without is left as it is (raising treats the two apart)
+        self.parts = [p for p in self.parts if p.grad_off or not any(n in off for n in p.calls or ())]
         reach = self._grad_reach(off)
         # torch.cond's backward needs each branch's gradients to be fresh tensors: the gradient
         # of a batched branch (pieces of one concatenated weight's) is views of one tensor, which
         # it rejects (so does plain torch.compile on such a branch). A branch whose results need
         # a gradient (or may: no meta value) stays as it is.
-        self.parts = [p for p in self.parts if not (p.body and _name(p.call.target) in UNALIASED_OPS
-                                                    and p.call in reach and not p.grad_off
-                                                    and _may_need_grad(p.call))]
+        self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in UNALIASED_OPS
+                                                    and p.calls[0] in reach and not p.grad_off
+                                                    and _may_need_grad(p.calls[0]))]
         g = fx.Graph()
         env: dict[tuple[int, fx.Node], fx.Node] = {}
         self.leaf_of: list[tuple[int, fx.Node]] = []  # per placeholder of `combined`
@@ -224,7 +232,7 @@ class Plan:
             return {n: _meta_value(n) for n in graph.nodes}
 
         values = meta(self.gm.graph)
-        calls = {p.call: p for p in self.parts if p.body is not None}
+        calls = {c: p for p in self.parts if p.body is not None for c in p.calls}
         reach = _grad_reach(self.gm.graph, values, off, barrier=set(calls))
         walked: dict[fx.Node, set[int] | None] = {}
         changed = True
@@ -314,7 +322,7 @@ class Plan:
             returned = next(n for n in old.graph.nodes if n.op == "output").args[0]
             returned = fx.node.map_arg(returned, lambda a, i=i, own=own, lookup=lookup, bg=bg:
                                        own[a] if a in own else result(bg, i, a, lookup))
-            if _name(p.call.target) in UNALIASED_OPS:
+            if _name(p.calls[0].target) in UNALIASED_OPS:
                 returned = _unaliased(bg, returned)
             bg.output(returned)
             bg._codegen = copy.copy(old.graph._codegen)
