@@ -65,7 +65,7 @@ class Report:
         ]
         if self.parts != 1:
             lines.insert(1, f"  {self.parts} parts kept apart (stretches between grad-mode / autocast changes, "
-                            "checkpointed bodies)")
+                            "bodies: checkpointed, cond branches, shared layers)")
         if self.fallback:
             lines.append(f"  fallback: {self.fallback}")
         return "\n".join(lines)
