@@ -231,7 +231,11 @@ def test_same_device_batch_mul_batches_each_device_apart():
     from torch._inductor.fx_passes.group_batch_fusion import group_batch_fusion_passes
     from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 
-    from optimus_egg.baselines import EGG_POST_GRAD, SAME_DEVICE_BATCH_MUL, post_grad_patches
+    from optimus_egg.baselines import (
+        EGG_POST_GRAD,
+        SAME_DEVICE_BATCH_MUL,
+        post_grad_patches,
+    )
 
     assert SAME_DEVICE_BATCH_MUL in EGG_POST_GRAD and "batch_aten_mul" not in EGG_POST_GRAD
 
