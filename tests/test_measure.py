@@ -233,6 +233,28 @@ def call(args):
     assert count_launches(code) == Launches(extern=0, cpp=1, triton=0, fallback=3)
 
 
+def test_count_launches_counts_a_repeated_subgraph_per_call():
+    """invoke_subgraph (`torch.compiler.nested_compile_region`): the wrapper defines the body
+    once and calls it per use; its launches happen on every call."""
+    code = """
+cpp_fused_tanh_0 = async_compile.cpp_pybinding(['float*'], r'''kernel''')
+def repeated_subgraph0(args):
+    arg0, arg1 = args
+    buf0 = empty_strided_cpu((4, 4), (4, 1), torch.float32)
+    extern_kernels.mm(arg0, arg1, out=buf0)
+    cpp_fused_tanh_0(buf0)
+    return (buf0, )
+class Runner:
+    def call(self, args):
+        buf0 = repeated_subgraph0([args[0], args[1]])
+        buf1 = repeated_subgraph0([buf0[0], args[2]])
+        buf2 = repeated_subgraph0([buf1[0], args[3]])
+        cpp_fused_tanh_0(buf2[0])
+        return (buf2[0], )
+"""
+    assert count_launches(code) == Launches(extern=3, cpp=4, triton=0, fallback=0)
+
+
 def test_count_launches_rejects_cpp_wrapper():
     with pytest.raises(ValueError):
         count_launches('extern "C" void call(AtenTensorHandle* inputs) { kernel(buf0); }')

@@ -556,17 +556,19 @@ def test_export_cond_branches_are_optimized():
 
 
 class Region(nn.Module):
-    """Four linears on x, tanh'd: one body (`nested_compile_region`) that repeated layers share."""
+    """Four linears on x, tanh'd, summed, plus x, normed: one body (`nested_compile_region`)
+    that repeated layers share."""
 
     def __init__(self, d=8, two=False):
         super().__init__()
         self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+        self.norm = nn.LayerNorm(d)
         self.two = two
 
     @torch.compiler.nested_compile_region
     def forward(self, x):
         ys = [torch.tanh(lin(x)) for lin in self.ls]
-        return (ys[0] + ys[1], ys[2] * ys[3]) if self.two else sum(ys)
+        return (ys[0] + ys[1], ys[2] * ys[3]) if self.two else self.norm(x + sum(ys))
 
 
 class Layers(nn.Module):
@@ -652,3 +654,4 @@ def test_a_shared_body_whose_calls_read_different_results_trains_as_plain_torch_
     expected.sum().backward()
     assert plain.layers[2].ls[3].weight.grad is not None  # (eagerly: None)
     assert_same_grads(m, plain, rtol=1e-4, atol=1e-5)
+

@@ -188,17 +188,34 @@ def count_launches(code: str) -> Launches:
     except SyntaxError as e:
         raise ValueError(f"not a Python wrapper module: {e}") from e
     kernels = _kernel_kinds(tree)
-    counts = {"extern": 0, "cpp": 0, "triton": 0, "fallback": 0}
+    own: dict[str, Launches] = {}       # function name -> the launches its own body makes
+    callees: dict[str, list[str]] = {}  # function name -> the module's functions it calls, per call
     for fn in ast.walk(tree):
         if not isinstance(fn, ast.FunctionDef) or fn.name in _HELPER_FUNCTIONS:
             continue
+        counts = {"extern": 0, "cpp": 0, "triton": 0, "fallback": 0}
+        calls = callees.setdefault(fn.name, [])
         # Nested functions are visited on their own, so walk only this function's body.
         for node in _walk_body(fn):
             if isinstance(node, ast.Call):
                 kind = _classify(node, kernels)
                 if kind is not None:
                     counts[kind] += 1
-    return Launches(**counts)
+                elif isinstance(node.func, ast.Name):
+                    calls.append(node.func.id)
+        own[fn.name] = own.get(fn.name, Launches()) + Launches(**counts)
+    # A subgraph the wrapper defines once and calls per use (invoke_subgraph's
+    # `repeated_subgraph0`) launches its kernels on every call.
+    called = {c for cs in callees.values() for c in cs if c in own}
+
+    def total(name: str, seen: frozenset = frozenset()) -> Launches:
+        out = own[name]
+        for c in callees[name]:
+            if c in own and c not in seen:
+                out = out + total(c, seen | {name})
+        return out
+
+    return sum((total(f) for f in own if f not in called), Launches())
 
 
 def _walk_body(fn: ast.FunctionDef) -> Iterable[ast.AST]:
