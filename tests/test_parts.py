@@ -63,6 +63,24 @@ def through_backend(model, *xs, **options):
     return torch.compile(model, backend=backend)(*xs), reports
 
 
+def dynamo_graph(model, *xs) -> fx.GraphModule:
+    """The graph Dynamo hands a backend for `model(*xs)` (a copy is compiled by Inductor, so
+    that higher-order ops in it can run)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from optimus_egg.measure import copy_graph_module
+
+    captured = []
+
+    def grab(gm, example_inputs):
+        captured.append(gm)
+        return compile_fx(copy_graph_module(gm), example_inputs)
+
+    torch.compile(model, backend=grab)(*xs)
+    torch._dynamo.reset()
+    return captured[0]
+
+
 def twin(make):
     torch.manual_seed(0)
     m = make()
@@ -375,16 +393,7 @@ class Checkpointed(nn.Module):
 def test_a_checkpointed_body_is_optimized_as_a_graph_of_its_own():
     m, ref = twin(Checkpointed)
     x = torch.randn(4, 8)
-    captured = []
-
-    def grab(gm, example_inputs):
-        captured.append(gm)
-        return gm
-
-    torch.compile(Checkpointed(), backend=grab)(x)
-    assert list(bodies(captured[0])) == ["wrap_body_0"]
-
-    torch._dynamo.reset()
+    assert list(bodies(dynamo_graph(Checkpointed(), x))) == ["wrap_body_0"]
     out, (report,) = through_backend(m, x)
     assert report.parts == 2 and report.changed
     assert report.matches["batch-linear-lhs"] == 4 + 3, report.matches  # the body's four, the outer three
@@ -613,24 +622,16 @@ def test_a_body_layers_share_is_optimized_once(training):
     (invoke_subgraph): that body is a part, batched once for both calls."""
     m, ref = twin(Layers)
     x = torch.randn(4, 8)
-    captured = []
-
-    def grab(gm, example_inputs):
-        captured.append(gm)
-        return gm
-
-    torch.compile(Layers(), backend=grab)(x)
-    ((name, calls),) = bodies(captured[0]).items()
+    captured = dynamo_graph(Layers(), x)
+    ((name, calls),) = bodies(captured).items()
     assert len(calls) == 2 and all(c.target is torch.ops.higher_order.invoke_subgraph for c in calls)
-
-    torch._dynamo.reset()
     with torch.set_grad_enabled(training):
         out, (result,) = through_inductor(m, x)
         expected = ref(x)
     report = result.meta["optimus_egg"]
     assert report.parts == 2 and report.changed, report
     (shared,) = bodies(result)  # (its name may differ from the first capture's)
-    assert linears(getattr(captured[0], name)) == 4 and linears(getattr(result, shared)) == 1
+    assert linears(getattr(captured, name)) == 4 and linears(getattr(result, shared)) == 1
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     if training:
         out.sum().backward()
