@@ -38,13 +38,12 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
                               config_patches=post_grad_patches(EGG_POST_GRAD) if post_grad else None)
 
         out = optimize(gm, list(example_inputs), budget_s, **options)
-        if not out.meta["optimus_egg"].changed:
-            return inductor(out)
         try:
             return inductor(out)
         except Exception as e:
             # Dynamo's own signals (a restart of the capture, RestartAnalysis) pass through
-            if options.get("strict") or isinstance(e, torch._dynamo.exc.TorchDynamoException):
+            if (not out.meta["optimus_egg"].changed or options.get("strict")
+                    or isinstance(e, torch._dynamo.exc.TorchDynamoException)):
                 raise
             warnings.warn(f"optimus_egg: Inductor failed on the optimized graph ({type(e).__name__}: {e}); "
                           "compiling the unmodified graph", RuntimeWarning, stacklevel=2)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from optimus_egg.extract.launch_cost import VIEW_TARGETS
 from optimus_egg.from_fx import GLOBAL_STATE, GRAD_REACH, PART, _grad_reach, _name
 from optimus_egg.shapes import _fetch, _meta_value
 
@@ -46,18 +47,17 @@ BODY_OPS = {"tag_activation_checkpoint": ((0,), 1), "wrap": ((0,), 1), "wrap_wit
 # reuses one body (invoke_subgraph) only for calls on inputs of the same metadata, which are the
 # body's example values. Any other body run twice might run on other shapes than those.
 SHARED_OPS = {"invoke_subgraph"}
-
-
 # Higher-order ops whose bodies may return no view of an input or of another output
 # (torch.cond checks it when it is traced again): a rewritten body may, so such an output is
 # cloned (a split piece of a batched result, or an input a cat of its pieces became).
 UNALIASED_OPS = {"cond"}
+# What a later stretch may read of an earlier one's result: sizes (to_fx reads a symbolic size
+# from the first input that has it), never a tensor.
+_SIZE_OPS = {torch.ops.aten.sym_size.int, operator.add, operator.mul, operator.floordiv}
 
 
 def _unaliased(graph: fx.Graph, returned):
     """`returned` (a body's output structure) with each view, input, or repeated node cloned."""
-    from optimus_egg.extract.launch_cost import VIEW_TARGETS
-
     seen: set[fx.Node] = set()
 
     def fresh(a: fx.Node) -> fx.Node:
@@ -87,9 +87,6 @@ def body_inputs(call: fx.Node) -> list:
         packed = call.args[start[0]] if len(call.args) > start[0] else ()
         return list(packed) if isinstance(packed, (tuple, list)) else []
     return list(call.args[start:])
-# What a later stretch may read of an earlier one's result: sizes (to_fx reads a symbolic size
-# from the first input that has it), never a tensor.
-_SIZE_OPS = {torch.ops.aten.sym_size.int, operator.add, operator.mul, operator.floordiv}
 
 
 def changes_state(n: fx.Node) -> bool:
@@ -191,7 +188,8 @@ class Plan:
         off = _grad_disabled(gm)
         for p in self.parts:
             p.grad_off = all(n in off for n in p.calls or p.nodes[:1])
-        # a shared body run both with grad and without is left as it is (raising treats the two apart)
+        # a shared body run both with grad and without is left as it is: whether a value it only
+        # passes through comes out detached (grad_off) has one answer per body
         self.parts = [p for p in self.parts if p.grad_off or not any(n in off for n in p.calls or ())]
         reach = self._grad_reach(off)
         # torch.cond's backward needs each branch's gradients to be fresh tensors: the gradient
