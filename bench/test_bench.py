@@ -109,7 +109,7 @@ def test_regions_script_end_to_end(capsys):
 
     regions.run(3, 2, train=True)
     out = capsys.readouterr().out
-    plain, egg = (int(re.search(rf"^{arm}\s+(\d+) launches", out, re.M).group(1)) for arm in ("inductor", "optimus_egg"))
+    plain, egg = (int(re.search(rf"^{arm}\s+(\d+) launches", out, re.MULTILINE).group(1)) for arm in ("inductor", "optimus_egg"))
     assert out.count("values and grads match") == 2 and egg < plain, out
 
 
