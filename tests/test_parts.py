@@ -611,8 +611,8 @@ def linears(gm: fx.GraphModule) -> int:
 
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 def test_a_body_layers_share_is_optimized_once(training):
-    """Dynamo traces the first layer inline and runs the other two through one shared body
-    (invoke_subgraph): that body is a part, batched once for both calls."""
+    """Dynamo traces the first layer inline here and runs the other two through one shared
+    body (invoke_subgraph): that body is a part, batched once for both calls."""
     m, ref = twin(Layers)
     x = torch.randn(4, 8)
     captured = dynamo_graph(Layers(), x)
