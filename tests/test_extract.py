@@ -142,6 +142,30 @@ def test_greedy_reuses_a_batched_op_another_member_pays_for():
     assert out.meta["optimus_egg"].matches["batch-matmul-lhs"] == 2 and calls(out, torch.bmm) == 3
 
 
+def test_greedy_prices_a_piece_by_the_pieces_the_choice_uses():
+    """z's class holds a linear of x and the first of 8 pieces of a chain of three GEMMs whose
+    other pieces exist in the e-graph but nothing chosen reads. Priced over all 8 pieces, the
+    piece looks cheaper than the linear and drags in the three GEMMs; priced again over the one
+    piece the choice uses (greedy.REFINE_ROUNDS), the linear wins, as in the ILP."""
+    from egglog import i64
+
+    from optimus_egg.sorts import linear, split
+
+    eg = EGraph()
+    x, none = Tensor.input("x"), Tensor.none()
+    wide = x
+    for w in ("w1", "w2", "w3"):
+        wide = linear(wide, Tensor.input(w), none)
+    pieces = split(wide, Vec[i64](*[1] * 8), 1)
+    z = linear(x, Tensor.input("w4"), none)
+    eg.register(Outputs.of(Vec[Tensor](Tensor.unary(1, z))), union(z).with_(pieces[0]),
+                *[pieces[i] for i in range(1, 8)])
+    g = serialize(eg)
+    ex = greedy(g, lambda n: launch_cost(n.op))
+    assert [g.nodes[k].op for k in ex.choice.values()].count("linear") == 1, ex
+    assert ex.cost == pytest.approx(ilp(g, lambda n: launch_cost(n.op)).extraction.cost)
+
+
 def test_serialize_reads_the_graph_egglogs_json_gives():
     """The table reader (`serialize`) and egglog's JSON serialization agree on a saturated
     e-graph: the same nodes under the same names, the same classes, values and origins, up
