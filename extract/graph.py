@@ -41,14 +41,6 @@ class Graph:
         keys, ops, children, eclasses, self.classes, self.values, self.origins, self.root = state
         self.nodes = dict(zip(keys, map(Node, ops, children, eclasses)))
 
-    def fanout(self) -> dict[str, int]:
-        """Pieces class -> number of distinct items taken from it."""
-        counts: dict[str, set] = {}
-        for n in self.nodes.values():
-            if n.op == "item":
-                counts.setdefault(n.children[0], set()).add(self.values[n.children[1]])
-        return {c: len(s) for c, s in counts.items()}
-
 
 def _primitive(op: str, eclass: str):
     if eclass.startswith("i64"):
