@@ -6,14 +6,14 @@ well the launch cost model ranks graphs by the launches Inductor really makes.
 
 Part 1, per model: saturate at budget 1 s (the rules and limits optimize() uses), then
 extract with extract.greedy and with extract.ilp (HiGHS, --ilp-limit seconds, default 10).
-Printed: both objectives (launch cost + 0.001 per chosen node, the tie-breaker both
-extractors minimize), the launch part alone, and greedy / ILP (1.000 = greedy is optimal;
+Printed: both objectives (launch cost + the tie-breakers both extractors minimize: 0.001
+per chosen node and the work term, extract/work.py), the launch part alone, and greedy / ILP (1.000 = greedy is optimal;
 above 1 = greedy loses; an ILP stopped by its time limit is only an upper bound, marked *).
 
 Part 2, Spearman rank correlation between predicted and measured launches over every
 (model, arm) of the inference results in bench/results/<model>.csv (run
 `optimus-egg bench --all` first). Predicted = what optimize() would report as cost_after,
-re-derived here: the greedy DAG cost of the arm's extraction with the EPS tie-breakers
+re-derived here: the greedy DAG cost of the arm's extraction with the tie-breakers
 removed (plain Inductor: the unsaturated graph; optimus_egg@b: saturation at budget b;
 greedy_rules: the input-graph cost of rewrite_greedily's result), with optimize()'s never-worse rule: the per-node
 extraction objective (extract/launch_cost.py). Budget-limited searches are re-run, so they
@@ -48,9 +48,9 @@ from optimus_egg.saturate import Limits, saturate
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def launches(g, cost, ex) -> float:
-    """An extraction's launch cost without the EPS tie-breakers."""
-    return float(sum(cost(g.nodes[k]) for k in ex.choice.values()))
+def launches(g, cost, ex, launch_cost) -> float:
+    """An extraction's launch cost without the tie-breakers (EPS per node, work)."""
+    return float(sum(launch_cost(g.nodes[k]) for k in ex.choice.values()))
 
 
 def traced(name: str):
@@ -61,18 +61,19 @@ def traced(name: str):
 
 
 def saturated(gm, inputs, budget_s: float, limits: Limits | None = None):
-    """The pipeline up to extraction: (before, after) as (graph, cost fn, greedy extraction)."""
+    """The pipeline up to extraction: (before, after) as (graph, cost fn, greedy extraction,
+    launch-only cost fn)."""
     lowered = from_fx(gm, inputs, seed_groups=budget_s > 0)
     g0 = serialize(lowered.egraph)
     c0 = node_cost(lowered, g0)
-    before = (g0, c0, greedy(g0, c0))
+    before = (g0, c0, greedy(g0, c0), node_cost(lowered, g0, with_work=False))
     if budget_s == 0:
         return before, before, None
     rulesets = {n: RULESETS[n] for n in SCHEDULE_ORDER}
     sat = saturate(lowered.egraph, rulesets, limits or Limits(), time.perf_counter() + budget_s)
     g1 = serialize(lowered.egraph)
     c1 = node_cost(lowered, g1)
-    return before, (g1, c1, greedy(g1, c1)), sat
+    return before, (g1, c1, greedy(g1, c1), node_cost(lowered, g1, with_work=False)), sat
 
 
 def predicted(gm, inputs, budget_s: float, limits: Limits | None = None) -> float:
@@ -90,7 +91,7 @@ def part1(models: list[str], ilp_limit: float) -> None:
     ratios = []
     for name in models:
         gm, inputs = traced(name)
-        _, (g, cost, gr), sat = saturated(gm, inputs, 1.0)
+        _, (g, cost, gr, lc), sat = saturated(gm, inputs, 1.0)
         t = time.perf_counter()
         greedy(g, cost)
         greedy_s = time.perf_counter() - t
@@ -98,15 +99,15 @@ def part1(models: list[str], ilp_limit: float) -> None:
         n_nodes = sum(len(v) for v in g.classes.values())
         if res.extraction is None:
             print(f"{name:<17}{n_nodes:>8}{len(g.classes):>8}  {sat.stop_reason:<10}{gr.cost:>9.3f}"
-                  f"{'none':>10}{'-':>11}{launches(g, cost, gr):>9.2f}{'-':>7}{greedy_s:>9.2f}{res.seconds:>7.1f}",
+                  f"{'none':>10}{'-':>11}{launches(g, cost, gr, lc):>9.2f}{'-':>7}{greedy_s:>9.2f}{res.seconds:>7.1f}",
                   flush=True)
             continue
         ratio = gr.cost / res.extraction.cost
         ratios.append(ratio)
         mark = "" if res.optimal else "*"
         print(f"{name:<17}{n_nodes:>8}{len(g.classes):>8}  {sat.stop_reason:<10}{gr.cost:>9.3f}"
-              f"{res.extraction.cost:>9.3f}{mark:1}{ratio:>11.3f}{launches(g, cost, gr):>9.2f}"
-              f"{launches(g, cost, res.extraction):>7.2f}{greedy_s:>9.2f}{res.seconds:>7.1f}", flush=True)
+              f"{res.extraction.cost:>9.3f}{mark:1}{ratio:>11.3f}{launches(g, cost, gr, lc):>9.2f}"
+              f"{launches(g, cost, res.extraction, lc):>7.2f}{greedy_s:>9.2f}{res.seconds:>7.1f}", flush=True)
     if ratios:
         print(f"greedy/ILP: geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}, "
               f"worst {max(ratios):.4f}  (* = ILP hit its time limit: not proven optimal)\n")

@@ -26,19 +26,20 @@ class Graph:
     values: dict[str, object]              # primitive / Vec e-class -> Python value
     origins: dict[str, int] = field(default_factory=dict)   # term e-class -> FX node index
     root: str = ""
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # tensor e-class -> its `shape` fact
 
     def __getstate__(self):
         # Columns instead of one Node object each: the search worker sends its extraction as
         # a Graph, and pickle takes lists of strings several times faster.
         ns = self.nodes.values()
         return (list(self.nodes), [n.op for n in ns], [n.children for n in ns], [n.eclass for n in ns],
-                self.classes, self.values, self.origins, self.root)
+                self.classes, self.values, self.origins, self.root, self.shapes)
 
     def __setstate__(self, state) -> None:
         if isinstance(state, dict):  # pickled field by field
             self.__dict__.update(state)
             return
-        keys, ops, children, eclasses, self.classes, self.values, self.origins, self.root = state
+        keys, ops, children, eclasses, self.classes, self.values, self.origins, self.root, self.shapes = state
         self.nodes = dict(zip(keys, map(Node, ops, children, eclasses)))
 
 
@@ -109,10 +110,11 @@ def _serialize_frozen(egraph: EGraph) -> Graph:
     nodes: dict[str, Node] = {}
     classes: dict[str, list[str]] = {}
     origins: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     root = ""
     for op, f in functions.items():
         # `rows` builds a list of row objects on each access: read only the tables used, once
-        if op not in TERM_OPS and op != "node" or f.is_let_binding:
+        if op not in TERM_OPS and op not in ("node", "shape") or f.is_let_binding:
             continue
         rows = f.rows
         if not rows:
@@ -121,6 +123,11 @@ def _serialize_frozen(egraph: EGraph) -> Graph:
             out_sort = f.output_sort
             for r in rows:
                 origins.setdefault(cls_of(out_sort, r.output), eg.value_to_i64(r.inputs[0]))
+            continue
+        if op == "shape" and len(f.input_sorts) == 1:
+            in_sort, to_int = f.input_sorts[0], eg.value_to_i64
+            for r in rows:
+                shapes[cls_of(in_sort, r.inputs[0])] = tuple(map(to_int, eg.value_to_vec(r.output)))
             continue
         if op not in TERM_OPS:
             continue
@@ -140,7 +147,7 @@ def _serialize_frozen(egraph: EGraph) -> Graph:
             if op == "outputs":
                 root = eclass
     cls_of = None  # a recursive closure is a reference cycle that would keep its tables alive
-    return Graph(nodes, classes, values, origins, root)
+    return Graph(nodes, classes, values, origins, root, shapes)
 
 
 def serialize_json(egraph: EGraph) -> Graph:
@@ -162,10 +169,13 @@ def serialize_json(egraph: EGraph) -> Graph:
     nodes: dict[str, Node] = {}
     classes: dict[str, list[str]] = {}
     origins: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     root = ""
     for k, v in data.items():
         if v["op"] == "node":
             origins.setdefault(v["eclass"], values[node_class[v["children"][0]]])
+        elif v["op"] == "shape" and len(v["children"]) == 1:
+            shapes[node_class[v["children"][0]]] = tuple(values[e] for e in vecs.get(v["eclass"], []))
         if k.startswith("primitive-") or v["op"] not in TERM_OPS:
             continue
         n = Node(v["op"], [node_class[c] for c in v["children"]], v["eclass"])
@@ -173,4 +183,4 @@ def serialize_json(egraph: EGraph) -> Graph:
         classes.setdefault(n.eclass, []).append(k)
         if n.op == "outputs":
             root = n.eclass
-    return Graph(nodes, classes, values, origins, root)
+    return Graph(nodes, classes, values, origins, root, shapes)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from optimus_egg.extract.graph import Graph, Node
 
-EPS = 1e-3  # per-node tie-breaker: among equal launch counts prefer fewer nodes
+EPS = 1e-3  # per-node tie-breaker: among equal launches and work (work.py) prefer fewer nodes
 
 
 @dataclass

@@ -12,6 +12,8 @@ stack/cat. These stay per-node figures: fusion depends on neighbours, which a pe
 cannot see, so the table errs towards counting elementwise work; fusion_cost.py estimates a
 whole graph with its fusion, and optimize() checks its result with it.
 
+Equal launch counts are told apart by work (work.py), added by pipeline.node_cost.
+
 The prices are data, one table per target (`TABLES`). Only "cpu" is measured; no GPU has been
 available to calibrate a "cuda" table (`python bench/calibrate.py --device cuda` prints the
 probes), so graphs on a GPU are priced with the CPU table and the optimize report says so.

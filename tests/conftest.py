@@ -12,3 +12,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def saturated():
+    """Bench models' e-graphs saturated with every rule: name -> (Graph, node cost, Lowered)."""
+    import time
+
+    import torch.fx as fx
+
+    from optimus_egg.extract.graph import serialize
+    from optimus_egg.from_fx import from_fx
+    from optimus_egg.models import build
+    from optimus_egg.pipeline import node_cost
+    from optimus_egg.rules import RULESETS
+    from optimus_egg.saturate import Limits, saturate
+
+    out = {}
+    for name in ("parallel_mlp", "dcn_v2", "masknet", "interformer"):
+        m, inputs = build(name)
+        lw = from_fx(fx.symbolic_trace(m.eval()), list(inputs))
+        saturate(lw.egraph, RULESETS, Limits(), time.perf_counter() + 30)
+        g = serialize(lw.egraph)
+        out[name] = (g, node_cost(lw, g), lw)
+    return out

@@ -90,21 +90,9 @@ def launch_cost_of(n):
     return launch_cost(n.op)
 
 
-@pytest.fixture(scope="module")
-def saturated():
-    out = {}
-    for name in ("parallel_mlp", "dcn_v2", "masknet", "interformer"):
-        m, inputs = build(name)
-        lw = from_fx(fx.symbolic_trace(m.eval()), list(inputs))
-        saturate(lw.egraph, RULESETS, Limits(), time.perf_counter() + 30)
-        g = serialize(lw.egraph)
-        out[name] = (g, node_cost(lw, g))
-    return out
-
-
 @pytest.mark.parametrize("name", ["parallel_mlp", "dcn_v2", "masknet", "interformer"])
 def test_greedy_is_acyclic_and_close_to_ilp(saturated, name):
-    g, cost = saturated[name]
+    g, cost, _ = saturated[name]
     gr = greedy(g, cost)
     assert_acyclic(g, gr.choice)
     exact = ilp(g, cost, 20)
@@ -115,7 +103,7 @@ def test_greedy_is_acyclic_and_close_to_ilp(saturated, name):
 
 
 def test_greedy_shares_a_batched_kernel(saturated):
-    g, cost = saturated["parallel_mlp"]
+    g, cost, _ = saturated["parallel_mlp"]
     ops = [g.nodes[k].op for k in greedy(g, cost).choice.values()]
     assert ops.count("batched_linear") == 1 and ops.count("linear") == 1  # the 8 branches; the head
 
@@ -194,6 +182,7 @@ def test_serialize_reads_the_graph_egglogs_json_gives():
     assert len(set(ren.values())) == len(ren) == len(a.classes)
     assert {ren[c]: ks for c, ks in a.classes.items()} == b.classes
     assert ren[a.root] == b.root and {ren[c]: o for c, o in a.origins.items()} == b.origins
+    assert a.shapes and {ren[c]: s for c, s in a.shapes.items()} == b.shapes
     assert any(n.op == "batched_linear" for n in a.nodes.values())  # the rules added to it
 
 
@@ -201,7 +190,7 @@ def test_a_graph_pickles_to_the_same_graph(saturated):
     """The search worker sends its Graph pickled (by columns): nothing may change on the way."""
     import pickle
 
-    g, cost = saturated["dcn_v2"]
+    g, cost, _ = saturated["dcn_v2"]
     back = pickle.loads(pickle.dumps(g))
     assert back == g and list(back.nodes) == list(g.nodes) and list(back.classes) == list(g.classes)
     assert greedy(back, cost) == greedy(g, cost)

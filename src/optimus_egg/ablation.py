@@ -50,7 +50,7 @@ class GreedyStep:
 class GreedyReport:
     """What rewrite_greedily did; stored on the result as gm.meta["optimus_egg_greedy"].
 
-    ``cost_before`` / ``cost_after`` are the launch cost of the input and of the result (the
+    ``cost_before`` / ``cost_after`` are the cost (pipeline.Report) of the input and of the result (the
     first and last steps' reports); ``matches`` sums every step's matches per rule;
     ``egraph_nodes`` is the largest e-graph a step built and ``iterations`` the saturation
     rounds run over all steps; ``stop_reason`` is "fixpoint" (a whole pass changed nothing) or
@@ -90,7 +90,7 @@ class GreedyReport:
         fired = ", ".join(f"{k}={v}" for k, v in sorted(self.matches.items()) if v) or "none"
         taken = ", ".join(f"{s.family}@{s.pass_no} {s.report.cost_before:.0f}->{s.report.cost_after:.0f}"
                           for s in self.steps if s.changed) or "none"
-        return (f"optimus_egg greedy: launch cost {self.cost_before:.0f} -> {self.cost_after:.0f}, "
+        return (f"optimus_egg greedy: cost {self.cost_before:.2f} -> {self.cost_after:.2f}, "
                 f"{self.passes} passes ({self.stop_reason}), {self.seconds:.2f} s\n"
                 f"  steps that changed the graph: {taken}\n  rules fired: {fired}")
 

@@ -100,6 +100,7 @@ class Lowered:
     shapes: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
     cost_table: str = "cpu"               # extract/launch_cost.py TABLES entry that prices it
     symbols: dict[str, tuple[int, object]] = field(default_factory=dict)  # symbol or expression -> (sentinel, source) (shapes.py)
+    leaf_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # Tensor.input name -> shape
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -345,6 +346,7 @@ class _Lowerer:
         self.templates: list[Template] = []
         self._template_ids: dict[str, int] = {}
         self.leaves: dict[str, fx.Node] = {}
+        self.leaf_shapes: dict[str, tuple[int, ...]] = {}
         self.expr: dict[fx.Node, Any] = {}
         self.pieces: dict[fx.Node, Any] = {}    # tuple-valued node -> the variable naming its Pieces
         self.facts: list = []
@@ -402,6 +404,8 @@ class _Lowerer:
             self.shapes[n] = shp
         if n.op in ("placeholder", "get_attr"):
             self.leaves[n.name] = n
+            if shp is not None:
+                self.leaf_shapes[n.name] = shp
             e = _app("input", quote(n.name))
         elif n in self.effect_set:
             e = self.opaque(n, deps)
@@ -604,11 +608,11 @@ class _Lowerer:
             mod = self.gm.get_submodule(n.target)
         x = n.args[0] if n.args else None
         if isinstance(mod, torch.nn.Linear):
-            return self.make_linear(n, x, self.attr(f"{n.target}.weight"),
-                                    self.attr(f"{n.target}.bias") if mod.bias is not None else None)
+            return self.make_linear(n, x, self.attr(n.target, "weight", mod.weight),
+                                    self.attr(n.target, "bias", mod.bias) if mod.bias is not None else None)
         if isinstance(mod, torch.nn.LayerNorm):
-            w = self.attr(f"{n.target}.weight") if mod.weight is not None else None
-            b = self.attr(f"{n.target}.bias") if mod.bias is not None else None
+            w = self.attr(n.target, "weight", mod.weight) if mod.weight is not None else None
+            b = self.attr(n.target, "bias", mod.bias) if mod.bias is not None else None
             return self.make_layer_norm(n, x, list(mod.normalized_shape), w, b, float(mod.eps))
         if type(mod) in _MODULE_UNARY:
             kwargs = {"approximate": mod.approximate} if isinstance(mod, torch.nn.GELU) else {}
@@ -617,11 +621,13 @@ class _Lowerer:
             return self.operand(x)
         return None
 
-    def attr(self, target: str):
+    def attr(self, module: str, field: str, value: torch.Tensor):
         """A module parameter as a leaf (it gets its own get_attr node in to_fx)."""
+        target = f"{module}.{field}"
         name = "attr:" + target
         if name not in self.leaves:
             self.leaves[name] = target  # type: ignore[assignment]
+            self.leaf_shapes[name] = tuple(value.shape)
         return name
 
     def leaf_or_operand(self, a):
@@ -1159,4 +1165,4 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
     devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
     table = table_for(devices.pop() if len(devices) == 1 else "cpu")
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   lw.expr, groups, lw.shapes, table, lw.symbols)
+                   lw.expr, groups, lw.shapes, table, lw.symbols, lw.leaf_shapes)

@@ -2,8 +2,8 @@
 
 Bad arguments raise TypeError / ValueError. Anything that goes wrong inside the optimizer
 returns the unmodified graph with a warning (strict=True raises instead). The result is
-never costlier than the input under the launch cost model: if extraction finds nothing
-cheaper, the input graph is returned unchanged.
+never costlier than the input under the cost model (launches, ties broken by work): if
+extraction finds nothing cheaper, the input graph is returned unchanged.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ import torch.fx as fx
 from optimus_egg import parts, worker
 from optimus_egg.extract.fusion_cost import fused_launches
 from optimus_egg.extract.graph import Graph, Node, serialize
-from optimus_egg.extract.greedy import Extraction, greedy
-from optimus_egg.extract.launch_cost import launch_cost
+from optimus_egg.extract.greedy import EPS, Extraction, greedy
+from optimus_egg.extract.launch_cost import GEMM_TARGETS, launch_cost
+from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import Lowered, _name, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
@@ -41,7 +42,7 @@ class Report:
     matches: dict[str, int] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
     cost_table: str = ""            # extract/launch_cost.py TABLES entry used ("cpu": the only one calibrated)
-    cost_before: float = math.nan   # extraction objective (extract/launch_cost.py, per node)
+    cost_before: float = math.nan   # extraction objective: launches per node (extract/launch_cost.py) + tie-breakers
     cost_after: float = math.nan
     launches_before: int | None = None  # whole-graph estimate with fusion (extract/fusion_cost.py)
     launches_after: int | None = None
@@ -54,7 +55,7 @@ class Report:
         t = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
         fired = ", ".join(f"{k}={v}" for k, v in sorted(self.matches.items()) if v) or "none"
         lines = [
-            f"optimus_egg: launch cost {self.cost_before:.0f} -> {self.cost_after:.0f}"
+            f"optimus_egg: cost {self.cost_before:.2f} -> {self.cost_after:.2f} (launches + tie-breaks)"
             f" ({'changed' if self.changed else 'unchanged'}; {self.cost_table or 'no'} cost table)"
             + (f", predicted launches {self.launches_before} -> {self.launches_after}"
                if self.launches_before is not None else ""),
@@ -105,20 +106,57 @@ def enabled_rulesets(disable) -> dict:
     return out
 
 
-def node_cost(lowered: Lowered, g: Graph):
-    """The launch cost of one serialized node under the graph's cost table (template calls
-    look up their FX target)."""
+def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
+    """The cost of one serialized node: its launches under the graph's cost table (template
+    calls look up their FX target), plus (`with_work`) its work (extract/work.py) scaled by
+    WORK_EPS per `work_unit(lowered)` elements, which breaks ties between equal launch counts."""
     table = lowered.cost_table
-    memo: dict[tuple, float] = {}  # (op, template) -> cost: a few dozen keys for the whole graph
+    memo: dict[tuple, tuple[float, str | None]] = {}  # (op, template) -> (launches, GEMM name): a few dozen keys
+    shapes = class_shapes(g, known_shapes(lowered, g)) if with_work else {}
+    size = sizes(shapes)
+    scale = WORK_EPS / work_unit(lowered) if with_work else 0.0
 
     def cost(n: Node) -> float:
         key = (n.op, g.values[n.children[0]]) if n.op in ("call", "call_multi", "unary") else (n.op, None)
         c = memo.get(key)
         if c is None:
             name = None if key[1] is None else _name(lowered.templates[key[1]].target)
-            c = memo[key] = launch_cost(n.op, name, table)
-        return c
+            launches = launch_cost(n.op, name, table)
+            gemm = "linear" if n.op in ("linear", "batched_linear") else name if name in GEMM_TARGETS else None
+            c = memo[key] = (launches, gemm)
+        return c[0] + scale * work(g, n, shapes, size, c[1]) if c[0] and scale else c[0]
     return cost
+
+
+# A node's work adds WORK_EPS per work_unit elements: the same order as greedy.EPS, the
+# per-node tie-breaker, for an op on tensors of the graph's average size.
+WORK_EPS = EPS
+
+
+def work_unit(lowered: Lowered) -> float:
+    """The graph's average tensor size (elements) over the FX values lowered: fixed per graph,
+    so costs of extractions at different budgets compare."""
+    sizes = [numel(s) for s in lowered.shapes.values()]
+    return max(sum(sizes) / max(len(sizes), 1), 1.0)
+
+
+def known_shapes(lowered: Lowered, g: Graph) -> dict[str, tuple[int, ...]]:
+    """Tensor class -> shape from the e-graph's facts, the FX value a class was lowered from,
+    and the graph's leaves (placeholders, parameters and buffers by name)."""
+    known = dict(g.shapes)
+    by_origin, nodes = lowered.shapes, lowered.nodes
+    for c, i in g.origins.items():
+        s = by_origin.get(nodes[i])
+        if s is not None:
+            known.setdefault(c, s)
+    leaves = lowered.leaf_shapes
+    values = g.values
+    for n in g.nodes.values():
+        if n.op == "input" and n.eclass not in known:
+            s = leaves.get(values[n.children[0]])
+            if s is not None:
+                known[n.eclass] = s
+    return known
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -297,10 +335,10 @@ def _chosen_part(g: Graph, ex: Extraction) -> Graph:
 
 
 # The search's extraction (serializing the grown e-graph, then greedy's fixpoint) over the seed
-# graph's serialization time scaled by the growth: measured 1.5-3.0 on the bench graphs, 1k
+# graph's serialization time scaled by the growth: measured 2.1-3.6 on the bench graphs, 1k
 # and 10k nodes included. The seed graph's own extraction is no measure of it: every class
 # holds one node there, and greedy takes that forced choice without its fixpoint.
-_EXTRACT_PER_SERIALIZE = 3.0
+_EXTRACT_PER_SERIALIZE = 4.0
 
 # Seconds per e-graph node of one extraction, assumed by the worker until it has timed its own
 # (measured: 10-70 microseconds; a high guess only delays the first snapshot).
