@@ -74,11 +74,13 @@ def _shape(g: Graph, n: Node, shapes: dict):
         if op == "stack":
             d %= len(xs[0]) + 1
             return (*xs[0][:d], len(xs), *xs[0][d:])
+        if not xs[0]:
+            return None
         d %= len(xs[0])
         return (*xs[0][:d], sum(x[d] for x in xs), *xs[0][d + 1:])
     x = shapes.get(ch[0])
-    if x is None:
-        return None
+    if x is None or (op != "item" and not (isinstance(x, tuple) and x)):
+        return None  # unknown, or a 0-d tensor where a dimension is named
     if op == "item":
         items = x
         i = g.values[ch[1]]
@@ -101,9 +103,12 @@ def _shape(g: Graph, n: Node, shapes: dict):
         return (*x[:a], math.prod(x[a:b + 1]), *x[b + 1:])
     if op == "unflatten":
         d = g.values[ch[1]] % len(x)
-        return (*x[:d], *(g.values[s] for s in g.values[ch[2]]), *x[d + 1:])
+        split = [g.values[s] for s in g.values[ch[2]]]
+        if -1 in split:  # the one inferred size
+            split[split.index(-1)] = x[d] // max(-math.prod(split), 1)
+        return (*x[:d], *split, *x[d + 1:])
     if op == "reshape":
-        return tuple(g.values[s] for s in g.values[ch[1]])
+        return tuple(g.values[s] for s in g.values[ch[1]])  # static sizes, no -1 (sorts.reshape)
     if op == "narrow":
         d = g.values[ch[1]] % len(x)
         return (*x[:d], g.values[ch[3]], *x[d + 1:])

@@ -19,13 +19,13 @@ def saturated():
     """Bench models' e-graphs saturated with every rule: name -> (Graph, node cost, Lowered)."""
     import time
 
-    import torch.fx as fx
-
     from optimus_egg.extract.graph import serialize
-    from optimus_egg.from_fx import from_fx
     from optimus_egg.models import build
-    from optimus_egg.pipeline import node_cost
     from optimus_egg.rules import RULESETS
+    from torch import fx
+
+    from optimus_egg.from_fx import from_fx
+    from optimus_egg.pipeline import node_cost
     from optimus_egg.saturate import Limits, saturate
 
     out = {}

@@ -1,13 +1,12 @@
 """Work (extract/work.py): the tie-breaker among equal launch counts, and the shapes it reads."""
 import pytest
 import torch
-import torch.fx as fx
-from torch import nn
+from optimus_egg.extract.graph import serialize
+from optimus_egg.extract.work import MACS_PER_ELEMENT, class_shapes, numel, sizes, work
+from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from optimus_egg import optimize
-from optimus_egg.extract.graph import serialize
-from optimus_egg.extract.work import MACS_PER_ELEMENT, class_shapes, numel, sizes, work
 from optimus_egg.from_fx import from_fx
 from optimus_egg.pipeline import known_shapes
 
