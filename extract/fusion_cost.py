@@ -9,7 +9,9 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   fuse into one kernel, up to a GEMM;
 - a cat or stack of computed tensors is free: each producer writes into its slice;
 - copies of graph inputs and parameters (the stacked weights of a batched GEMM) fuse with a
-  computed consumer, and otherwise into one kernel with every other such copy.
+  computed consumer, and otherwise into one kernel with every other such copy;
+- a dropout that draws (F.dropout's `training` defaults to True) computes like an elementwise
+  op, and any random op adds one fallback call that draws the graph's seeds.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from optimus_egg.extract.launch_cost import GEMM_TARGETS, VIEW_TARGETS
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
                          "scatter_add", "sort", "topk", "nonzero"}
 COPIES = {"cat", "concat", "stack"}
+RANDOM = {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "bernoulli", "native_dropout",
+          "multinomial", "normal"}
 MAX_FUSION = 64  # Inductor's config.max_fusion_size: nodes per fused kernel
 _FREE_TARGETS = VIEW_TARGETS | {"getattr", "size", "dim", "sym_size"}
 
@@ -43,6 +47,7 @@ def fused_launches(gm: fx.GraphModule) -> int:
     kind: dict[fx.Node, str] = {}   # leaf | view | extern | compute
     leafy: dict[fx.Node, bool] = {}  # computed from graph inputs / parameters only
     modules = dict(gm.named_modules(remove_duplicate=False))
+    random = False  # a random op: Inductor draws the graph's seeds in one fallback call
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
             kind[n], leafy[n] = "leaf", True
@@ -51,7 +56,10 @@ def fused_launches(gm: fx.GraphModule) -> int:
             continue
         name = _target_name(n, modules)
         ins = [a for a in n.all_input_nodes if a in kind]
-        if name in _FREE_TARGETS or name == "getitem" or name == "dropout":
+        if name == "dropout" and _active_dropout(n, modules) or name in RANDOM:
+            kind[n] = "compute"
+            random = True
+        elif name in _FREE_TARGETS or name == "getitem" or name == "dropout":
             kind[n] = "view"
         elif name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name:
             kind[n] = "extern"
@@ -110,4 +118,15 @@ def fused_launches(gm: fx.GraphModule) -> int:
             sizes[root] = sizes.get(root, 0) + 1
     externs = sum(1 for k in kind.values() if k == "extern")
     kernels = sum(math.ceil(s / MAX_FUSION) for s in sizes.values())
-    return externs + kernels + math.ceil(lonely_copies / MAX_FUSION)
+    return externs + kernels + math.ceil(lonely_copies / MAX_FUSION) + random
+
+
+def _active_dropout(n: fx.Node, modules: dict) -> bool:
+    """Does this dropout draw random numbers (F.dropout's `training` defaults to True; a
+    Dropout module follows its mode)?"""
+    if n.op == "call_module":
+        mod = modules[n.target]
+        return bool(mod.training and mod.p > 0)
+    p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+    training = n.kwargs.get("training", n.kwargs.get("train", n.args[2] if len(n.args) > 2 else True))
+    return not (isinstance(p, (int, float)) and p == 0) and training is not False

@@ -72,6 +72,7 @@ def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
     def extract(divisor: dict[int, int]) -> tuple[dict[int, int], float]:
         best = _prices(members, kid_ids, parents, node_cls, own_of, item_of, divisor)
         chosen = _reuse(root, _select(root, members, kid_ids, best), members, kid_ids, own_of)
+        chosen = _unbatch(root, chosen, members, kid_ids, own_of, item_of)
         return chosen, sum(own_of[i] for i in chosen.values())
 
     chosen, total = extract(divisor)
@@ -195,6 +196,70 @@ def _reuse(root: int, choice: dict[int, int], members: list[list[int]], kid_ids:
         if changed:
             choice = reachable(root, kid_ids, choice)
     return choice
+
+
+def _unbatch(root: int, choice: dict[int, int], members: list[list[int]], kid_ids: list[list[int]],
+             own: list[float], item_of: list) -> dict[int, int]:
+    """Local improvement by whole tuples: every class the choice takes as an item of one tuple
+    switches at once to its cheapest other node whose children the choice already computes,
+    where the DAG cost (counted exactly, with the classes that drop out) falls. The fixpoint
+    prices an item at a share of its tuple's tree, upstream operands included, so a batch of
+    two products can win there while costing more as a DAG than the two products (their
+    operands are computed anyway); `_reuse` cannot undo it one class at a time, since the
+    tuple stays paid for while another item reads it. A move that only drops views (pieces
+    of a split taken as narrows instead) is not taken: such a tie is Inductor's to decide,
+    not the cost model's (dhen's split of a fused QKV projection as narrows cost a launch)."""
+    refs: dict[int, int] = {}  # chosen class -> edges from chosen nodes (+1 for the root)
+    users: dict[int, list[int]] = {}  # tuple class -> classes chosen as one of its items
+    for c, i in choice.items():
+        for k in kid_ids[i]:
+            refs[k] = refs.get(k, 0) + 1
+        if item_of[i] is not None:
+            users.setdefault(item_of[i][0], []).append(c)
+    refs[root] = refs.get(root, 0) + 1
+    changed = False
+    for p, cs in users.items():
+        if not all(refs.get(c, 0) and item_of[choice[c]] is not None and item_of[choice[c]][0] == p for c in cs):
+            continue  # an earlier move switched or dropped these classes
+        plan = {}
+        for c in cs:
+            alts = [k for k in members[c] if (item_of[k] is None or item_of[k][0] != p)
+                    and all(refs.get(j, 0) and j != c for j in kid_ids[k])]
+            if not alts:
+                break
+            plan[c] = min(alts, key=own.__getitem__)
+        if len(plan) != len(cs):
+            continue
+        delta, trial, freed = _switch_delta(plan, choice, refs, kid_ids, own)
+        if delta < -1e-12 and freed:
+            new = {**choice, **plan}
+            if not any(_reaches(kid_ids[k], c, new, kid_ids) for c, k in plan.items()):
+                choice, refs, changed = new, trial, True
+    return reachable(root, kid_ids, choice) if changed else choice
+
+
+def _switch_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, int],
+                  kid_ids: list[list[int]], own: list[float]) -> tuple[float, dict[int, int], bool]:
+    """The DAG cost change of switching each class in `plan` to its node (whose children are
+    all chosen), the reference counts after it, and whether a node that costs more than a
+    view drops out: new edges first, so a class the new nodes read never drops out; then the
+    old edges, dropping the classes no chosen node reads."""
+    refs = dict(refs)
+    delta, freed = 0.0, False
+    for c, k in plan.items():
+        delta += own[k] - own[choice[c]]
+        for j in kid_ids[k]:
+            refs[j] += 1
+    todo = [j for c in plan for j in kid_ids[choice[c]]]
+    while todo:
+        j = todo.pop()
+        refs[j] -= 1
+        if refs[j] == 0:
+            i = plan.get(j, choice[j])
+            delta -= own[i]
+            freed = freed or own[i] > EPS + 1e-12
+            todo.extend(kid_ids[i])
+    return delta, refs, freed
 
 
 def _reaches(starts: list[int], target: int, choice: dict[int, int], kid_ids: list[list[int]]) -> bool:

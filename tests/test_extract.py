@@ -2,7 +2,9 @@
 import time
 
 import pytest
+import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from egglog import EGraph, Vec, union
 
 from optimus_egg.extract.graph import Graph, serialize
@@ -154,6 +156,36 @@ def test_greedy_prices_a_piece_by_the_pieces_the_choice_uses():
     assert ex.cost == pytest.approx(ilp(g, lambda n: launch_cost(n.op)).extraction.cost)
 
 
+def test_greedy_unbatches_a_pair_that_only_the_fixpoint_finds_cheaper(monkeypatch):
+    """a = d * e and b = f * d, also a batched product of two stacks. The fixpoint prices each
+    item at half the batch's tree, so d, read by both products, is paid once per item and half
+    of e's chain drops out: the batch wins there. As a DAG the two products cost the same
+    launches and fewer nodes (d and e are computed either way). Switching both items at once
+    (`greedy._unbatch`) reaches the ILP's cost; without it greedy keeps the stacks."""
+    from optimus_egg.extract import greedy as greedy_mod
+
+    eg = EGraph()
+    d = Tensor.unary(1, Tensor.input("x"))
+    e = Tensor.unary(2, Tensor.unary(3, Tensor.unary(4, Tensor.input("y"))))
+    f = Tensor.input("z")
+    a, b = Tensor.binary(5, d, e), Tensor.binary(5, f, d)
+    both = unbind(Tensor.binary(5, stack(Vec[Tensor](d, f), 0), stack(Vec[Tensor](e, d), 0)), 0)
+    eg.register(Outputs.of(Vec[Tensor](a, b)), union(a).with_(both[0]), union(b).with_(both[1]))
+    g = serialize(eg)
+    def cost(n):
+        return launch_cost(n.op)
+    best = ilp(g, cost).extraction.cost
+
+    def stacks(ex):
+        return [g.nodes[k].op for k in ex.choice.values()].count("stack")
+
+    ex = greedy(g, cost)
+    assert stacks(ex) == 0 and ex.cost == pytest.approx(best)
+    monkeypatch.setattr(greedy_mod, "_unbatch", lambda root, choice, *rest: choice)
+    without = greedy(g, cost)
+    assert stacks(without) == 2 and without.cost > best + 1e-6
+
+
 def test_serialize_reads_the_graph_egglogs_json_gives():
     """The table reader (`serialize`) and egglog's JSON serialization agree on a saturated
     e-graph: the same nodes under the same names, the same classes, values and origins, up
@@ -213,6 +245,37 @@ def test_fused_launches_predicts_inductor(name):
     for g in (gm, out):
         measured = compile_inductor(g, list(inputs), config_patches={"compile_threads": 1}).launches.total
         assert fused_launches(g) == measured, (g is out, fused_launches(g), measured)
+
+
+class _Dropouts(torch.nn.Module):
+    """A drawing F.dropout before a GEMM and after a tanh, a Dropout module in training mode
+    before a Linear, and an F.dropout with training=False (a no-op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop, self.lin = torch.nn.Dropout(0.5), torch.nn.Linear(8, 8)
+
+    def forward(self, x, w):
+        a = F.dropout(x, 0.3) @ w
+        b = F.dropout(torch.tanh(x), 0.2)
+        c = self.lin(self.drop(x)).sigmoid()
+        return a, b, c, F.dropout(x, 0.5, training=False) + 1
+
+
+def test_fused_launches_counts_drawing_dropouts():
+    """A dropout that draws computes (it is no view) and the graph draws its seeds in one
+    fallback call: the estimate equals Inductor's launches (5: a mm, the Linear's addmm, two
+    C++ kernels, the seed draw); a dropout that does not draw is a view."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(_Dropouts())
+    inputs = [torch.randn(4, 8), torch.randn(8, 8)]
+    with torch.no_grad():
+        measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+    assert measured.fallback == 1 and fused_launches(gm) == measured.total
+    quiet = fx.symbolic_trace(lambda x: F.dropout(x, 0.5, training=False) + 1)
+    assert fused_launches(quiet) == 1  # one C++ kernel: the add
 
 
 def test_own_ops_cost_what_their_constructors_cost():
