@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from egglog import EGraph
 
 from optimus_egg import shapes
-from optimus_egg.extract.launch_cost import table_for
+from optimus_egg.extract.launch_cost import VIEW_TARGETS, table_for
 from optimus_egg.seed import quote, register_text
 from optimus_egg.shapes import (
     SYMBOLIC_MIN,
@@ -314,10 +314,13 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     return [n for n in graph.nodes if (n in touched and n.op not in ("placeholder", "get_attr")) or n in impure]
 
 
-def _depths(graph: fx.Graph) -> dict[fx.Node, int]:
+def _depths(graph: fx.Graph, free: Callable[[fx.Node], bool] = lambda n: False) -> dict[fx.Node, int]:
+    """Each node's depth: the most nodes on a path from a graph input, counting only nodes
+    that are not `free`. Two nodes at one depth are independent as long as neither is free
+    (a path into a node that is not free ends deeper)."""
     depth: dict[fx.Node, int] = {}
     for n in graph.nodes:
-        depth[n] = 1 + max((depth[a] for a in n.all_input_nodes), default=-1)
+        depth[n] = (0 if free(n) else 1) + max((depth[a] for a in n.all_input_nodes), default=-1)
     return depth
 
 
@@ -347,6 +350,7 @@ class _Lowerer:
         self._template_ids: dict[str, int] = {}
         self.leaves: dict[str, fx.Node] = {}
         self.leaf_shapes: dict[str, tuple[int, ...]] = {}
+        self.identities: set[fx.Node] = set()  # nodes lowered to one of their operands
         self.expr: dict[fx.Node, Any] = {}
         self.pieces: dict[fx.Node, Any] = {}    # tuple-valued node -> the variable naming its Pieces
         self.facts: list = []
@@ -420,6 +424,8 @@ class _Lowerer:
             self.lets[var] = e[1]
             self.pieces[n] = var
             return
+        if any(self.expr.get(a) == e for a in n.all_input_nodes):
+            self.identities.add(n)  # lowered to an operand (a dropout in eval mode)
         # Every value is named by (node idx): later terms refer to it instead of nesting it,
         # so the seed program is linear in graph size, and the name marks the FX origin.
         ref = _app("node", idx)
@@ -885,8 +891,20 @@ class _Lowerer:
             first.setdefault(self.expr[m], m)
         return list(first.values())
 
+    def free(self, n: fx.Node) -> bool:
+        """A node that computes nothing: a view, or one lowered to one of its operands (a
+        dropout in eval mode). Group members (`kind`) are never free."""
+        if n in self.kind:
+            return False
+        if n.op == "call_function" and n.target is operator.getitem:
+            return True
+        if n in self.identities:
+            return True
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        return n.op in ("call_function", "call_method") and name in VIEW_TARGETS
+
     def seed_groups(self) -> dict[str, int]:
-        depth = _depths(self.gm.graph)
+        depth = _depths(self.gm.graph, self.free)
         reach = _grad_reach(self.gm.graph, self.values)
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, k in self.kind.items():

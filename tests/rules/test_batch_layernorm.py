@@ -34,6 +34,26 @@ def test_batch_layernorm_without_affine():
     assert calls(after, ops.batched_layer_norm) == 1
 
 
+class _NormsAfterViews(nn.Module):
+    """One norm reads x through an eval-mode Dropout and a view (two FX nodes that compute
+    nothing), the other reads y directly: independent, though at different FX depths."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop, self.a, self.b = nn.Dropout(0.3), nn.LayerNorm(8), nn.LayerNorm(8)
+        for ln in (self.a, self.b):
+            nn.init.normal_(ln.weight)
+
+    def forward(self, x, y):
+        return self.a(self.drop(x).view(4, 8)), self.b(y)
+
+
+def test_batch_layernorm_groups_norms_whose_paths_differ_by_views():
+    after, report = optimize_with(torch.fx.symbolic_trace(_NormsAfterViews().eval()), batch_layernorm,
+                                  torch.randn(32), torch.randn(4, 8))
+    assert fired(report, "batch-layernorm") and calls(after, ops.batched_layer_norm) == 1
+
+
 def test_batch_layernorm_needs_same_eps():
     def before(x, y):
         return F.layer_norm(x, [8], eps=1e-5), F.layer_norm(y, [8], eps=1e-3)
