@@ -4,6 +4,8 @@ Minimizes the DAG cost (each chosen node paid once). x_n in {0,1} picks node n; 
 class picks one node; a picked node needs one picked node in each child class; acyclicity
 by an order t_c per class: t_parent >= t_child + 1 when the parent's node is picked (big-M).
 Time-limited: on timeout the best feasible solution is returned and `optimal` is False.
+`start` (greedy's extraction) is given to HiGHS as a first feasible solution, so a run that
+stops at its limit returns nothing costlier than greedy.
 """
 from __future__ import annotations
 
@@ -23,12 +25,13 @@ class IlpResult:
     seconds: float
 
 
-def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0) -> IlpResult:
+def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0,
+        start: Extraction | None = None) -> IlpResult:
     import time
 
     import highspy
 
-    start = time.perf_counter()
+    t0 = time.perf_counter()
     node_ids = list(g.nodes)
     col = {k: i for i, k in enumerate(node_ids)}
     classes = list(g.classes)
@@ -75,12 +78,14 @@ def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0
                 row(1.0 - big_m, highspy.kHighsInf, [(tcol[c], 1.0), (tcol[child], -1.0), (col[k], -big_m)])
     h.addRows(len(rows_lo), np.array(rows_lo), np.array(rows_hi), len(index),
               np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value))
+    if start is not None:
+        h.setSolution(_start_solution(start, kids, col, tcol, n_x + n_t))
     h.run()
     status = h.getModelStatus()
     optimal = status == highspy.HighsModelStatus.kOptimal
     sol = h.getSolution().col_value
     if not sol or h.getInfo().primal_solution_status != 2:  # 2: feasible
-        return IlpResult(None, False, time.perf_counter() - start)
+        return IlpResult(None, False, time.perf_counter() - t0)
     choice = {}
     for c, ks in g.classes.items():
         picked = [k for k in ks if sol[col[k]] > 0.5]
@@ -88,4 +93,32 @@ def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0
             choice[c] = min(picked, key=lambda k: own[k])
     choice = reachable(g.root, kids, choice)
     return IlpResult(Extraction(choice, sum(own[k] for k in choice.values())), optimal,
-                     time.perf_counter() - start)
+                     time.perf_counter() - t0)
+
+
+def _start_solution(ex: Extraction, kids: dict, col: dict, tcol: dict, n: int):
+    """`ex` as a HiGHS solution: its nodes picked, each chosen class ordered by its height in
+    the chosen DAG (a class above its children, as the order rows need)."""
+    import highspy
+
+    x = [0.0] * n
+    height: dict[str, int] = {}
+
+    def visit(c: str) -> int:  # iterative post-order: chosen DAGs can be deep
+        todo = [c]
+        while todo:
+            top = todo[-1]
+            below = [k for k in kids[ex.choice[top]] if k not in height]
+            if below:
+                todo.extend(below)
+                continue
+            todo.pop()
+            height[top] = 1 + max((height[k] for k in kids[ex.choice[top]]), default=0)
+        return height[c]
+
+    for c, k in ex.choice.items():
+        x[col[k]] = 1.0
+        x[tcol[c]] = float(visit(c))
+    sol = highspy.HighsSolution()
+    sol.col_value = x
+    return sol

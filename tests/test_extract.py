@@ -132,6 +132,16 @@ def test_greedy_reuses_a_batched_op_another_member_pays_for():
     assert out.meta["optimus_egg"].matches["batch-matmul-lhs"] == 2 and calls(out, torch.bmm) == 3
 
 
+def test_ilp_started_from_greedy_never_ends_above_it(saturated):
+    """Stopped at once, the ILP still returns an extraction, and none costlier than greedy's:
+    greedy's choice is its first solution (an acyclic one, order values included)."""
+    g, cost, _ = saturated["interformer"]
+    gr = greedy(g, cost)
+    res = ilp(g, cost, time_limit_s=1e-3, start=gr)
+    assert res.extraction is not None and res.extraction.cost <= gr.cost + 1e-9
+    assert_acyclic(g, res.extraction.choice)
+
+
 def test_greedy_prices_a_piece_by_the_pieces_the_choice_uses():
     """z's class holds a linear of x and the first of 8 pieces of a chain of three GEMMs whose
     other pieces exist in the e-graph but nothing chosen reads. Priced over all 8 pieces, the
