@@ -7,8 +7,8 @@ Each (model, budget) runs in a fresh subprocess, --repeat times (the row is the 
 median wall time; every run's time is listed), so its peak RSS (ru_maxrss of the process plus
 that of optimize's forked search worker, a high-water mark) belongs to that budget alone;
 "RSS before" is the peak after importing torch, building and tracing the model, i.e. before
-optimize. Prints wall time of optimize, the report's launch cost (cost_after, greedy DAG cost
-including its 0.001-per-node tie-breakers; NaN where the budget was below one search
+optimize. Prints wall time of optimize, the report's cost (cost_after, greedy DAG cost
+including its tie-breakers, work and 0.001 per node; NaN where the budget was below one search
 iteration and the input came back unpriced, counted as the input's cost), stop reason,
 iterations, e-graph nodes and peak RSS, the report's stage timings (from_fx, extract,
 saturate, to_fx), and whether the wall time is inside the budget's target bound (README,

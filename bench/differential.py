@@ -1,5 +1,5 @@
 """optimus_egg against its own rules applied greedily (the ablation), on random programs: where
-the ablation's graph is cheaper under the launch cost model, compile all three graphs (input,
+the ablation's graph is cheaper under the cost model, compile all three graphs (input,
 optimus_egg, ablation) with Inductor and count launches.
 
     python bench/differential.py [--seed 1] [--programs 150] [--all]

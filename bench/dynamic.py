@@ -7,7 +7,7 @@ dynamic, as that recompile would make it), optimized and checked at three batch 
 
 Per model: how many graphs the backend compiled (1 with --export), whether the graph has a
 symbolic batch, whether the optimized model's values match eager at the batch sizes b, b/2 and
-b/4 + 1, the launch cost before -> after for that graph, and Inductor's launches for it:
+b/4 + 1, the cost before -> after for that graph, and Inductor's launches for it:
 plain, with Optimus's pre-grad passes, and optimized by optimus_egg (compiled as the backend
 compiles it, with `baselines.EGG_POST_GRAD`). dlrm is left out: its inputs are indices and
 offsets into embedding bags, not rows to cut.

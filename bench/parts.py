@@ -4,7 +4,7 @@ autocast block (a LayerNorm with autocast off), captured by Dynamo; optimize() a
     python bench/parts.py [--layers 4,16] [--budgets 0.1,1] [--repeat 3]
 
 Per layer count and budget: FX nodes, parts, optimize's wall time (median of --repeat runs, each
-on the same captured graph), stop reason, launch cost before -> after, and whether the optimized
+on the same captured graph), stop reason, cost before -> after, and whether the optimized
 graph's values equal the captured graph's.
 """
 from __future__ import annotations

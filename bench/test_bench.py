@@ -5,7 +5,7 @@
     OPTIMUS_EGG_BENCH_BIG=1 pytest bench/ --benchmark-only           # adds illustrative_10k (~20 s a round)
 
 Not part of `pytest tests` (pyproject's testpaths is tests/). Each round optimizes a fresh
-trace of the model with one torch thread; extra_info carries the report (launch cost before
+trace of the model with one torch thread; extra_info carries the report (cost before
 and after, e-graph size, stop reason) so the saved JSON says what each timing bought.
 
     pytest bench/test_bench.py -k family_script  # smoke test of one bench/<family>.py (under a minute)

@@ -608,7 +608,7 @@ def big_model_note(rows: list[dict]) -> str:
     lines = ["**illustrative_10k** (optimize only; its Inductor compiles are left out for time; peak RSS is the "
              "bench process's high-water mark, models run before it included: `python bench/budget_sweep.py` "
              "measures optimize alone in a fresh process):\n",
-             "| arm | FX nodes | optimize s | launch cost (model) before -> after | e-graph nodes | stop | process peak RSS MB |",
+             "| arm | FX nodes | optimize s | cost (model) before -> after | e-graph nodes | stop | process peak RSS MB |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in big:
         lines.append(f"| {r['arm']} | {r['fx_nodes']} | {_num(r['optimize_s'], '.1f')} | "
