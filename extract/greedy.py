@@ -230,36 +230,37 @@ def _unbatch(root: int, choice: dict[int, int], members: list[list[int]], kid_id
             plan[c] = min(alts, key=own.__getitem__)
         if len(plan) != len(cs):
             continue
-        delta, trial, freed = _switch_delta(plan, choice, refs, kid_ids, own)
+        delta, counts, freed = _switch_delta(plan, choice, refs, kid_ids, own)
         if delta < -1e-12 and freed:
             new = {**choice, **plan}
             if not any(_reaches(kid_ids[k], c, new, kid_ids) for c, k in plan.items()):
-                choice, refs, changed = new, trial, True
+                choice, changed = new, True
+                refs.update(counts)
     return reachable(root, kid_ids, choice) if changed else choice
 
 
 def _switch_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, int],
                   kid_ids: list[list[int]], own: list[float]) -> tuple[float, dict[int, int], bool]:
     """The DAG cost change of switching each class in `plan` to its node (whose children are
-    all chosen), the reference counts after it, and whether a node that costs more than a
+    all chosen), the reference counts that change, and whether a node that costs more than a
     view drops out: new edges first, so a class the new nodes read never drops out; then the
     old edges, dropping the classes no chosen node reads."""
-    refs = dict(refs)
+    counts: dict[int, int] = {}  # the changed entries of refs
     delta, freed = 0.0, False
     for c, k in plan.items():
         delta += own[k] - own[choice[c]]
         for j in kid_ids[k]:
-            refs[j] += 1
+            counts[j] = counts.get(j, refs[j]) + 1
     todo = [j for c in plan for j in kid_ids[choice[c]]]
     while todo:
         j = todo.pop()
-        refs[j] -= 1
-        if refs[j] == 0:
+        counts[j] = left = counts.get(j, refs[j]) - 1
+        if left == 0:
             i = plan.get(j, choice[j])
             delta -= own[i]
             freed = freed or own[i] > EPS + 1e-12
             todo.extend(kid_ids[i])
-    return delta, refs, freed
+    return delta, counts, freed
 
 
 def _reaches(starts: list[int], target: int, choice: dict[int, int], kid_ids: list[list[int]]) -> bool:
