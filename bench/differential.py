@@ -1,6 +1,7 @@
 """optimus_egg against its own rules applied greedily (the ablation), on random programs: where
 the ablation's graph is cheaper under the cost model, compile all three graphs (input,
-optimus_egg, ablation) with Inductor and count launches.
+optimus_egg, ablation) with Inductor and count launches; the summary also says how often the
+fusion estimate (extract/fusion_cost.py, optimize()'s last check) predicted those counts.
 
     python bench/differential.py [--seed 1] [--programs 150] [--all]
 
@@ -31,12 +32,14 @@ def run(seed: int, programs: int, every: bool) -> None:
 
     from optimus_egg import optimize
     from optimus_egg.ablation import rewrite_greedily
+    from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.measure import compile_inductor
 
     def price(gm, x) -> float:
         return optimize(gm, [x], budget_s=0.0).meta["optimus_egg"].cost_before
 
     rows: list[tuple] = []
+    estimates: list[int] = []  # fused_launches - Inductor's launches, per compiled graph
 
     @settings(max_examples=programs, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @hypothesis_seed(seed)
@@ -52,6 +55,7 @@ def run(seed: int, programs: int, every: bool) -> None:
             return
         launches = [compile_inductor(g, [x]).launches.total for g in (gm, egg, greedy)]
         rows.append((cost_egg, cost_greedy, launches))
+        estimates.extend(fused_launches(g) - n for g, n in zip((gm, egg, greedy), launches))
         flag = ("  optimus_egg above its input" if launches[1] > launches[0] else
                 "  ablation fewer" if launches[2] < launches[1] else "")
         print(f"cost egg {cost_egg:8.3f} ablation {cost_greedy:8.3f}   launches input {launches[0]:3d} "
@@ -66,6 +70,8 @@ def run(seed: int, programs: int, every: bool) -> None:
           f"optimus_egg fewer launches than the ablation on {sum(e < g for _, e, g in compiled)}, "
           f"equal on {sum(e == g for _, e, g in compiled)}, more on {sum(e > g for _, e, g in compiled)}; "
           f"above its input on {sum(e > i for i, e, _ in compiled)}")
+    print(f"fusion estimate (extract/fusion_cost.py) on the {len(estimates)} compiled graphs: exact on "
+          f"{estimates.count(0)}, over on {sum(d > 0 for d in estimates)}, under on {sum(d < 0 for d in estimates)}")
 
 
 def main() -> None:

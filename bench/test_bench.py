@@ -120,6 +120,9 @@ def test_differential_script_end_to_end(capsys):
     import differential
 
     differential.run(seed=1, programs=3, every=True)
-    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    summary, fusion = capsys.readouterr().out.strip().splitlines()[-2:]
     n, compiled = (int(v) for v in re.search(r"^(\d+) programs;.* compiled (\d+):", summary).groups())
     assert n == compiled >= 1, summary
+    graphs, exact, over, under = (int(v) for v in re.search(
+        r"on the (\d+) compiled graphs: exact on (\d+), over on (\d+), under on (\d+)", fusion).groups())
+    assert graphs == 3 * compiled == exact + over + under, fusion

@@ -7,7 +7,8 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
 - an extern GEMM (mm / addmm / bmm / baddbmm, a linear) or an ATen fallback launches once;
 - elementwise ops, reductions and copies connected producer -> consumer (through views)
   fuse into one kernel, up to a GEMM;
-- a cat or stack of computed tensors is free: each producer writes into its slice;
+- a cat or stack of computed tensors is free: each producer writes into its slice (a view
+  of one, or an input, is copied: the cat is then a kernel of its own);
 - copies of graph inputs and parameters (the stacked weights of a batched GEMM) fuse with a
   computed consumer, and otherwise into one kernel with every other such copy;
 - a dropout that draws (F.dropout's `training` defaults to True) computes like an elementwise
@@ -98,7 +99,7 @@ def fused_launches(gm: fx.GraphModule) -> int:
     free_cat = set()
     for n in compute:
         name = _target_name(n, modules)
-        if name in COPIES and not leafy[n] and all(kind.get(a) != "leaf" for a in n.all_input_nodes):
+        if name in COPIES and not leafy[n] and all(kind.get(a) in ("compute", "extern") for a in n.all_input_nodes):
             free_cat.add(n)  # producers write straight into the output buffer
     for n in compute:
         if n in free_cat:

@@ -63,3 +63,19 @@ def launch_cost(op: str, target_name: str | None = None, table: str = "cpu") -> 
             return price["reduction"]
         return price["elementwise"]
     raise ValueError(f"launch_cost: unknown op {op!r}")
+
+
+# Inductor's CPU decomposition of addmm(bias, x [1, K], w.T [K, N]) with K, N <= 16 into
+# elementwise code and a sum (torch/_inductor/decomposition.py `addmm`): such a linear launches
+# no GEMM and fuses with its neighbours; a batch of them (one bmm) would launch one.
+SMALL_ADDMM = 16
+
+
+def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bias: bool, table: str = "cpu") -> bool:
+    """Is linear(x, w, bias) one Inductor computes as elementwise code on this target?"""
+    if table != "cpu" or not bias or not x or not w or len(w) != 2:
+        return False
+    rows = 1
+    for d in x[:-1]:
+        rows *= d
+    return rows == 1 and w[0] <= SMALL_ADDMM and w[1] <= SMALL_ADDMM

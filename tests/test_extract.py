@@ -288,6 +288,28 @@ def test_fused_launches_counts_drawing_dropouts():
     assert fused_launches(quiet) == 1  # one C++ kernel: the add
 
 
+class _CatOfSlices(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        a, b = x.split([3, 3], 1)
+        return torch.cat([self.lin(a), b], 1)
+
+
+def test_fused_launches_copies_a_slice_of_an_input_into_a_cat():
+    """A cat is free when each operand is computed straight into it; a slice of an input is
+    copied, so this cat is a kernel besides the GEMM: 2 launches, as Inductor makes."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(_CatOfSlices())
+    with torch.no_grad():
+        measured = compile_inductor(gm, [torch.randn(4, 6)], config_patches={"compile_threads": 1}).launches
+    assert fused_launches(gm) == measured.total == 2
+
+
 def test_own_ops_cost_what_their_constructors_cost():
     # A graph optimus_egg already optimized holds its batched ops as template calls.
     assert launch_cost("call", "batched_linear") == launch_cost("batched_linear") == 1.0

@@ -22,7 +22,7 @@ from optimus_egg import parts, worker
 from optimus_egg.extract.fusion_cost import fused_launches
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
-from optimus_egg.extract.launch_cost import GEMM_TARGETS, launch_cost
+from optimus_egg.extract.launch_cost import GEMM_TARGETS, elementwise_linear, launch_cost
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import Lowered, _name, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
@@ -112,9 +112,10 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
     WORK_EPS per `work_unit(lowered)` elements, which breaks ties between equal launch counts."""
     table = lowered.cost_table
     memo: dict[tuple, tuple[float, str | None]] = {}  # (op, template) -> (launches, GEMM name): a few dozen keys
-    shapes = class_shapes(g, known_shapes(lowered, g)) if with_work else {}
-    size = sizes(shapes)
+    shapes = class_shapes(g, known_shapes(lowered, g))
+    size = sizes(shapes) if with_work else {}
     scale = WORK_EPS / work_unit(lowered) if with_work else 0.0
+    elementwise = launch_cost("unary", None, table)
 
     def cost(n: Node) -> float:
         key = (n.op, g.values[n.children[0]]) if n.op in ("call", "call_multi", "unary") else (n.op, None)
@@ -124,7 +125,11 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
             launches = launch_cost(n.op, name, table)
             gemm = "linear" if n.op in ("linear", "batched_linear") else name if name in GEMM_TARGETS else None
             c = memo[key] = (launches, gemm)
-        return c[0] + scale * work(g, n, shapes, size, c[1]) if c[0] and scale else c[0]
+        launches = c[0]
+        if n.op == "linear" and elementwise_linear(shapes.get(n.children[0]), shapes.get(n.children[1]),
+                                                   n.children[2] in shapes, table):
+            launches = elementwise
+        return launches + scale * work(g, n, shapes, size, c[1]) if launches and scale else launches
     return cost
 
 

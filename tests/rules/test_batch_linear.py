@@ -24,6 +24,25 @@ def test_batch_linear():
     assert calls(after, nn.Linear) == 0 and calls(after, ops.batched_linear) == 1
 
 
+def test_one_row_linears_that_inductor_computes_elementwise_stay_apart():
+    """On CPU Inductor computes addmm(b, x[1, K], w.T) with K, N <= 16 as elementwise code
+    fused with its neighbours (no GEMM launch); batched they would be one bmm, a launch more.
+    The rule fires, extraction keeps the linears, and Inductor launches no more than for
+    the input. With two rows each they are GEMMs and batch."""
+    from optimus_egg.measure import compile_inductor
+
+    m = ParallelLinears(n=3, k=3, o=3)
+    x = torch.randn(3, 1, 3)
+    gm = torch.fx.symbolic_trace(m)
+    after, report = optimize_with(gm, batch_linear, x)
+    assert fired(report, "batch-linear") and calls(after, ops.batched_linear) == 0
+    with torch.no_grad():
+        before_n, after_n = (compile_inductor(g, [x]).launches.total for g in (gm, after))
+    assert after_n <= before_n
+    wider, _ = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(3, 2, 3))
+    assert calls(wider, ops.batched_linear) == 1
+
+
 def test_batch_linear_mixed_bias_beyond_optimus():
     m = ParallelLinears(n=6)
     m.ls[1].bias = None
