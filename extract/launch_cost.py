@@ -79,3 +79,17 @@ def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bia
     for d in x[:-1]:
         rows *= d
     return rows == 1 and w[0] <= SMALL_ADDMM and w[1] <= SMALL_ADDMM
+
+
+def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, table: str = "cpu") -> bool:
+    """Is mm / bmm / matmul(a, b) one Inductor computes as elementwise code on this target? On
+    CPU its decompositions turn a dot product ([1, K] @ [K, 1], batched alike), an outer
+    product of a batch ([B, M, 1] @ [B, 1, N]) and a small outer product ([M, 1] @ [1, N],
+    at most 32 elements in) into multiplies and a sum."""
+    if table != "cpu" or not a or not b or len(a) != len(b) or len(a) not in (2, 3):
+        return False
+    if a[-2] == 1 and b[-1] == 1:
+        return True
+    if len(a) == 3:
+        return a[2] == 1 and b[1] == 1
+    return a[1] == 1 and a[0] != 1 and b[1] != 1 and a[0] + b[1] <= 32

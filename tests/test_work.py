@@ -82,3 +82,29 @@ def test_equal_launches_prefer_the_choice_that_moves_less():
     (mul,) = [n for n in out.graph.nodes if n.op == "call_function" and "mul" in str(n.target)]
     assert tuple(mul.meta["tensor_meta"].shape) == (8, 4)
     torch.testing.assert_close(out(a, b), gm(a, b))
+
+
+def test_gemms_inductor_computes_elementwise_on_cpu():
+    """The shapes launch_cost prices as elementwise are the ones Inductor's CPU decompositions
+    turn into multiplies and a sum: compiled, they launch no extern GEMM."""
+    from optimus_egg.extract.launch_cost import elementwise_linear, elementwise_matmul
+    from optimus_egg.measure import compile_inductor
+
+    assert elementwise_matmul((1, 8), (8, 1)) and elementwise_matmul((4, 1, 8), (4, 8, 1))
+    assert elementwise_matmul((4, 3, 1), (4, 1, 5)) and elementwise_matmul((6, 1), (1, 5))
+    assert not elementwise_matmul((1, 8), (8, 2)) and not elementwise_matmul((2, 8), (8, 1))
+    assert not elementwise_matmul((1, 8), (8, 1), table="cuda")
+    assert elementwise_linear((1, 3), (3, 3), bias=True) and not elementwise_linear((2, 3), (3, 3), bias=True)
+    assert not elementwise_linear((1, 3), (3, 3), bias=False) and not elementwise_linear((1, 17), (3, 17), bias=True)
+
+    def f(a, b, c, d, x, w, bias):
+        return a @ b, torch.bmm(c, d), torch.nn.functional.linear(x, w, bias)
+
+    gm = fx.symbolic_trace(f)
+    args = [torch.randn(1, 8), torch.randn(8, 1), torch.randn(4, 3, 1), torch.randn(4, 1, 5),
+            torch.randn(1, 3), torch.randn(3, 3), torch.randn(3)]
+    with torch.no_grad():
+        assert compile_inductor(gm, args).launches.extern == 0
+    args[0] = torch.randn(2, 8)  # [2, 8] @ [8, 1]: a GEMM
+    with torch.no_grad():
+        assert compile_inductor(fx.symbolic_trace(f), args).launches.extern == 1
