@@ -151,7 +151,8 @@ def work_unit(lowered: Lowered) -> float:
 
 def known_shapes(lowered: Lowered, g: Graph) -> dict[str, tuple[int, ...]]:
     """Tensor class -> shape from the e-graph's facts, the FX value a class was lowered from,
-    and the graph's leaves (placeholders, parameters and buffers by name)."""
+    and the graph's leaves by name (`Lowered.leaf_shapes`: placeholders, get_attrs, and the
+    parameters of call_module Linear / LayerNorm)."""
     known = dict(g.shapes)
     by_origin, nodes = lowered.shapes, lowered.nodes
     for c, i in g.origins.items():
