@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 
 from optimus_egg.extract.graph import Graph, Node
+from optimus_egg.shapes import SYMBOLIC_MIN  # sentinels for symbolic sizes start here
 
 MACS_PER_ELEMENT = 16   # 32 FLOPs per element moved: a few cores' FMA throughput over DRAM bandwidth
-SYMBOLIC_MIN = 2**31    # shapes.py's sentinels for symbolic sizes start here
 SYMBOLIC_DIM = 64
 
 # op -> the position of the operand whose last dimension a GEMM template call contracts over
