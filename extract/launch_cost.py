@@ -20,6 +20,8 @@ probes), so graphs on a GPU are priced with the CPU table and the optimize repor
 """
 from __future__ import annotations
 
+import math
+
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
         "reshape"}  # as a template reshape (VIEW_TARGETS); it copies only where strides allow no view
 # Launches per node kind, per target (calibrated figures above).
@@ -75,10 +77,7 @@ def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bia
     """Is linear(x, w, bias) one Inductor computes as elementwise code on this target?"""
     if table != "cpu" or not bias or not x or not w or len(w) != 2:
         return False
-    rows = 1
-    for d in x[:-1]:
-        rows *= d
-    return rows == 1 and w[0] <= SMALL_ADDMM and w[1] <= SMALL_ADDMM
+    return math.prod(x[:-1]) == 1 and w[0] <= SMALL_ADDMM and w[1] <= SMALL_ADDMM
 
 
 def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, table: str = "cpu") -> bool:

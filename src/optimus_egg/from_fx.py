@@ -896,12 +896,7 @@ class _Lowerer:
         dropout in eval mode). Group members (`kind`) are never free."""
         if n in self.kind:
             return False
-        if n.op == "call_function" and n.target is operator.getitem:
-            return True
-        if n in self.identities:
-            return True
-        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-        return n.op in ("call_function", "call_method") and name in VIEW_TARGETS
+        return n in self.identities or n.op in ("call_function", "call_method") and _name(n.target) in VIEW_TARGETS
 
     def seed_groups(self) -> dict[str, int]:
         depth = _depths(self.gm.graph, self.free)
