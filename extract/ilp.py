@@ -51,9 +51,10 @@ def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0
     costs = np.array([own[k] for k in node_ids] + [0.0] * n_t)
     lower = np.zeros(n_x + n_t)
     upper = np.array([1.0] * n_x + [big_m] * n_t)
-    h.addVars(n_x + n_t, lower, upper)
-    h.changeColsCost(n_x + n_t, np.arange(n_x + n_t, dtype=np.int32), costs)
-    h.changeColsIntegrality(n_x, np.arange(n_x, dtype=np.int32), np.full(n_x, 1, dtype=np.uint8))
+    _check(h.addVars(n_x + n_t, lower, upper), "addVars")
+    _check(h.changeColsCost(n_x + n_t, np.arange(n_x + n_t, dtype=np.int32), costs), "changeColsCost")
+    _check(h.changeColsIntegrality(n_x, np.arange(n_x, dtype=np.int32), np.full(n_x, 1, dtype=np.uint8)),
+           "changeColsIntegrality")
 
     rows_lo, rows_hi, starts, index, value = [], [], [], [], []
 
@@ -68,16 +69,17 @@ def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0
     row(1.0, 1.0, [(col[k], 1.0) for k in g.classes[g.root]])
     for k in node_ids:
         c = g.nodes[k].eclass
+        if c in kids[k]:  # a node cannot be its own child (its row would name x_k twice)
+            row(-highspy.kHighsInf, 0.0, [(col[k], 1.0)])
+            continue
         for child in set(kids[k]):
             # picking k needs some node of `child`: sum(x_m) - x_k >= 0
             row(0.0, highspy.kHighsInf, [(col[m], 1.0) for m in g.classes[child]] + [(col[k], -1.0)])
             # order: t_c - t_child - M x_k >= 1 - M
-            if child == c:
-                row(-highspy.kHighsInf, 0.0, [(col[k], 1.0)])  # a node cannot be its own child
-            else:
-                row(1.0 - big_m, highspy.kHighsInf, [(tcol[c], 1.0), (tcol[child], -1.0), (col[k], -big_m)])
-    h.addRows(len(rows_lo), np.array(rows_lo), np.array(rows_hi), len(index),
-              np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value))
+            row(1.0 - big_m, highspy.kHighsInf, [(tcol[c], 1.0), (tcol[child], -1.0), (col[k], -big_m)])
+    _check(h.addRows(len(rows_lo), np.array(rows_lo), np.array(rows_hi), len(index),
+                     np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value)),
+           "addRows")
     if start is not None:
         h.setSolution(_start_solution(start, kids, col, tcol, n_x + n_t))
     h.run()
@@ -94,6 +96,15 @@ def ilp(g: Graph, node_cost: Callable[[Node], float], time_limit_s: float = 10.0
     choice = reachable(g.root, kids, choice)
     return IlpResult(Extraction(choice, sum(own[k] for k in choice.values())), optimal,
                      time.perf_counter() - t0)
+
+
+def _check(status, call: str) -> None:
+    """HiGHS reports a rejected model edit in its return status, not by raising: a model that
+    silently lost its rows would be "solved" to the empty choice."""
+    import highspy
+
+    if status == highspy.HighsStatus.kError:
+        raise RuntimeError(f"HiGHS {call} failed while building the extraction ILP")
 
 
 def _start_solution(ex: Extraction, kids: dict, col: dict, tcol: dict, n: int):

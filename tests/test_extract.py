@@ -55,6 +55,22 @@ def test_extraction_is_acyclic_on_cyclic_egraph(extractor):
     assert {g.nodes[k].op for k in ex.choice.values()} >= {"input", "unary", "outputs"}
 
 
+def test_ilp_extracts_an_egraph_with_a_self_loop():
+    """A node whose child is its own class (x == unary(x)) cannot be picked. The ILP once wrote
+    that node's "needs a child" row with its own column twice; HiGHS rejected every row and
+    reported the empty choice optimal."""
+    eg = EGraph()
+    x, y = Tensor.input("x"), Tensor.input("y")
+    eg.register(Outputs.of(Vec[Tensor](Tensor.binary(0, x, y))), union(x).with_(Tensor.unary(1, x)))
+    g = serialize(eg)
+    assert any(g.nodes[k].eclass in term_children(g, g.nodes[k]) for k in g.nodes), "no self-loop"
+    res = ilp(g, lambda n: launch_cost(n.op), 5)
+    assert res.optimal
+    assert_acyclic(g, res.extraction.choice)
+    assert {g.nodes[k].op for k in res.extraction.choice.values()} == {"input", "binary", "outputs"}
+    assert res.extraction.cost == pytest.approx(greedy(g, lambda n: launch_cost(n.op)).cost)
+
+
 @pytest.mark.parametrize("name", ["dlrm", "interformer", "illustrative"])
 def test_a_seeded_egraph_extracts_its_forced_choice(name, monkeypatch):
     """Every class of a freshly seeded e-graph has one node: greedy skips the fixpoint and
