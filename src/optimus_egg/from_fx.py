@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from egglog import EGraph
 
 from optimus_egg import shapes
-from optimus_egg.extract.launch_cost import VIEW_TARGETS, table_for
+from optimus_egg.extract.launch_cost import VIEW_TARGETS, elementwise_linear, elementwise_matmul, table_for
 from optimus_egg.seed import quote, register_text
 from optimus_egg.shapes import (
     SYMBOLIC_MIN,
@@ -344,6 +344,7 @@ class _Lowerer:
         self.modules = _submodules(gm) if modules is None else modules
         self._params: dict[str, torch.nn.Parameter] | None = None
         self.values = values
+        self.cost_table = "cpu"  # the target's table (launch_cost.py): set before groups are seeded
         self.egraph = EGraph()
         self.nodes: list[fx.Node] = []
         self.templates: list[Template] = []
@@ -949,7 +950,10 @@ class _Lowerer:
         """Linears reading the same input (same depth, same bias presence): one wide GEMM. Fewer
         than LHS_MIN_MEMBERS of them only when none has a twin (see LHS_MIN_MEMBERS)."""
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
-        for n, (x, dt, nobias, _) in self.lhs_kind.items():
+        for n, (x, dt, nobias, out) in self.lhs_kind.items():
+            xs = self.shapes.get(x)
+            if xs and elementwise_linear(xs, (out, xs[-1]), not nobias, self.cost_table):
+                continue  # no GEMM to share: a wide one would launch where the members fuse
             if n in self.expr and n in self.shapes:  # equal inputs: one key
                 buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach, n.meta.get(PART))].append(n)
         ancestors = _Ancestors(self.gm.graph)
@@ -985,8 +989,8 @@ class _Lowerer:
             xs, ys, out = self.shapes.get(x), self.shapes.get(y), self.shapes.get(n)
             if n not in self.expr or xs is None or ys is None or out is None or len(xs) < 2 or len(ys) < 2:
                 continue  # a 1-D operand is a vector product: no last dim to concatenate on
-            if ys[-1] >= SYMBOLIC_MIN or out[-1] != ys[-1]:
-                continue
+            if ys[-1] >= SYMBOLIC_MIN or out[-1] != ys[-1] or elementwise_matmul(xs, ys, self.cost_table):
+                continue  # (elementwise: no GEMM to share, a wide one would launch where the members fuse)
             buckets[(self.expr.get(x, x), tid, self.dtype(y), ys[:-1], n in reach, n.meta.get(PART))].append(n)
         for candidates in map(self.distinct, buckets.values()):
             for members in ancestors.independent_sets(candidates) if len(candidates) > 1 else ():
@@ -1173,9 +1177,9 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
         outs.append(prev_effect)  # keeps the last effect (and its chain) alive
     root = _app("outputs", _vec(outs))
     values.finish()  # every node ran: the inputs fit the graph
+    devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
+    lw.cost_table = table_for(devices.pop() if len(devices) == 1 else "cpu")
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
-    devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
-    table = table_for(devices.pop() if len(devices) == 1 else "cpu")
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   lw.expr, groups, lw.shapes, table, lw.symbols, lw.leaf_shapes)
+                   lw.expr, groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes)

@@ -73,3 +73,27 @@ def test_batch_matmul_lhs_products_indexed_by_row():
     assert calls(after, torch.bmm) == 1
     (cat,) = [n for n in after.graph.nodes if n.target is torch.cat]
     assert [a.name for a in cat.args[0]] == ["k1", "k2"]
+
+
+def attend_rows(q, k1, k2):
+    """One query row attends over two single keys: the score products are dot products."""
+    s1, s2 = torch.tanh(q @ k1.t() / 8), torch.tanh(q @ k2.t() / 8)
+    return s1 @ k1 + s2 @ k2
+
+
+def test_dot_products_that_inductor_computes_elementwise_stay_apart():
+    """On CPU Inductor computes [1, K] @ [K, 1] as multiplies and a sum fused with its
+    neighbours; the group's product of the concatenated keys ([1, K] @ [K, 2]) is a GEMM,
+    a launch more (and a copy for the cat). Such products are not grouped, and Inductor
+    launches no more than for the input. With two query rows the products are GEMMs and group."""
+    from optimus_egg.measure import compile_inductor
+
+    q, k1, k2 = torch.randn(1, 8), torch.randn(1, 8), torch.randn(1, 8)
+    gm = torch.fx.symbolic_trace(attend_rows)
+    after, report = optimize_with(gm, batch_matmul_lhs, q, k1, k2)
+    assert "matmul_lhs" not in report.groups and not fired(report, "batch-matmul-lhs")
+    with torch.no_grad():
+        before_n, after_n = (compile_inductor(g, [q, k1, k2]).launches.total for g in (gm, after))
+    assert after_n <= before_n
+    wider, report = optimize_with(torch.fx.symbolic_trace(attend_rows), batch_matmul_lhs, torch.randn(2, 8), k1, k2)
+    assert report.groups["matmul_lhs"] == 1 and fired(report, "batch-matmul-lhs")
