@@ -12,14 +12,18 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
 - copies of graph inputs and parameters (the stacked weights of a batched GEMM) fuse with a
   computed consumer, and otherwise into one kernel with every other such copy;
 - a dropout that draws (F.dropout's `training` defaults to True) computes like an elementwise
-  op, and any random op adds one fallback call that draws the graph's seeds.
+  op, and any random op adds one fallback call that draws the graph's seeds;
+- given shapes, a GEMM that Inductor's CPU decompositions compute as elementwise code (a
+  one-row linear with K, N <= 16, a dot product, a small outer product: launch_cost.py)
+  computes like an elementwise op.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch.fx as fx
-from optimus_egg.extract.launch_cost import GEMM_TARGETS, VIEW_TARGETS
+from optimus_egg.extract.launch_cost import GEMM_TARGETS, VIEW_TARGETS, elementwise_linear, elementwise_matmul
 
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
                          "scatter_add", "sort", "topk", "nonzero"}
@@ -43,8 +47,14 @@ def _target_name(n: fx.Node, modules: dict) -> str:
 _MODULE_EXTERN = {"linear", "embeddingbag", "embedding", "conv1d", "conv2d"}
 
 
-def fused_launches(gm: fx.GraphModule) -> int:
-    """Predicted Inductor kernel launches of `gm` (extern calls + fused kernels)."""
+Shape = tuple[int, ...]
+
+
+def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None] | None = None,
+                   table: str = "cpu") -> int:
+    """Predicted Inductor kernel launches of `gm` (extern calls + fused kernels). With
+    `shape_of` (a node's tensor shape, None where unknown), GEMMs that the target (`table`,
+    launch_cost.py) computes as elementwise code fuse like elementwise ops."""
     kind: dict[fx.Node, str] = {}   # leaf | view | extern | compute
     leafy: dict[fx.Node, bool] = {}  # computed from graph inputs / parameters only
     modules = dict(gm.named_modules(remove_duplicate=False))
@@ -62,7 +72,8 @@ def fused_launches(gm: fx.GraphModule) -> int:
             random = True
         elif name in _FREE_TARGETS or name == "getitem" or name == "dropout":
             kind[n] = "view"
-        elif name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name:
+        elif (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name) and not (
+                shape_of is not None and _elementwise_gemm(n, name, modules, shape_of, table)):
             kind[n] = "extern"
         else:
             kind[n] = "compute"
@@ -120,6 +131,23 @@ def fused_launches(gm: fx.GraphModule) -> int:
     externs = sum(1 for k in kind.values() if k == "extern")
     kernels = sum(math.ceil(s / MAX_FUSION) for s in sizes.values())
     return externs + kernels + math.ceil(lonely_copies / MAX_FUSION) + random
+
+
+def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[fx.Node], Shape | None],
+                      table: str) -> bool:
+    """Is this matmul or linear one the target computes as elementwise code?"""
+    def shape(a):
+        return shape_of(a) if isinstance(a, fx.Node) else None
+
+    if name in ("mm", "bmm", "matmul") and len(n.args) >= 2:
+        return elementwise_matmul(shape(n.args[0]), shape(n.args[1]), table)
+    if name == "linear" and n.op == "call_module":
+        mod = modules[n.target]
+        return elementwise_linear(shape(n.args[0]), tuple(mod.weight.shape), mod.bias is not None, table)
+    if name == "linear" and len(n.args) >= 2:
+        bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")
+        return elementwise_linear(shape(n.args[0]), shape(n.args[1]), bias is not None, table)
+    return False
 
 
 def _active_dropout(n: fx.Node, modules: dict) -> bool:

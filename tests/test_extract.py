@@ -326,6 +326,39 @@ def test_fused_launches_copies_a_slice_of_an_input_into_a_cat():
     assert fused_launches(gm) == measured.total == 2
 
 
+def _rows(q, k, x, w, b):
+    """A dot product, a one-row linear with K, N <= 16, and a real GEMM, with pointwise ops."""
+    s = torch.tanh(q @ torch.cat(torch.split(k, 4, 1), 1).t())  # a split-cat to remove: optimize changes it
+    return s * 2, torch.sigmoid(F.linear(x, w, b)), torch.relu(w @ x.t())
+
+
+def test_fused_launches_with_shapes_fuses_gemms_inductor_computes_elementwise():
+    """Given shapes, the dot product and the tiny linear fuse with their neighbours (one kernel)
+    and only the matrix-vector product [4, 8] @ [8, 1] (a GEMM) launches, as Inductor
+    compiles it; without shapes every GEMM is taken for an extern call. optimize() gives the
+    estimate of its input the lowered shapes."""
+    from optimus_egg import optimize
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+    from optimus_egg.pipeline import Report, _Before
+    from optimus_egg.testing import calls
+
+    inputs = [torch.randn(1, 8), torch.randn(1, 8), torch.randn(1, 8), torch.randn(4, 8), torch.randn(4)]
+    gm = fx.symbolic_trace(_rows)
+    with torch.no_grad():
+        measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+    lowered = from_fx(gm, inputs)
+    assert measured.extern == 1
+    assert fused_launches(gm, lowered.shapes.get) == measured.total
+    assert fused_launches(gm) > measured.total  # both taken for extern calls
+    assert _Before(gm, lowered, Report()).launches() == measured.total  # what optimize() compares against
+    out = optimize(gm, inputs, budget_s=1.0)  # and the result's estimate, from its e-classes' shapes
+    report = out.meta["optimus_egg"]
+    assert report.changed and calls(out, torch.split) == 0
+    with torch.no_grad():
+        assert report.launches_after == compile_inductor(out, inputs).launches.total == measured.total
+
+
 def test_own_ops_cost_what_their_constructors_cost():
     # A graph optimus_egg already optimized holds its batched ops as template calls.
     assert launch_cost("call", "batched_linear") == launch_cost("batched_linear") == 1.0

@@ -149,6 +149,10 @@ def work_unit(lowered: Lowered) -> float:
     return max(sum(sizes) / max(len(sizes), 1), 1.0)
 
 
+def _tensor_shape(s) -> tuple[int, ...] | None:
+    return s if isinstance(s, tuple) else None
+
+
 def known_shapes(lowered: Lowered, g: Graph) -> dict[str, tuple[int, ...]]:
     """Tensor class -> shape from the e-graph's facts, the FX value a class was lowered from,
     and the graph's leaves by name (`Lowered.leaf_shapes`: placeholders, get_attrs, and the
@@ -254,11 +258,15 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     if ex.cost >= report.cost_before - 1e-9:
         return gm  # never worse: nothing cheaper was found
     t = time.perf_counter()
-    out = to_fx(lowered, g1, ex, inputs, prepared=prepared[0] if prepared else None)
+    classes: dict[fx.Node, str] = {}
+    out = to_fx(lowered, g1, ex, inputs, prepared=prepared[0] if prepared else None, classes=classes)
     report.timings["to_fx"] = time.perf_counter() - t
     # The per-node table cannot see fusion; the whole-graph estimate can. Keep the input if
     # it predicts more launches for the result (never seen on the bench models).
-    report.launches_before, report.launches_after = before.launches(), fused_launches(out)
+    shapes = class_shapes(g1, known_shapes(lowered, g1))
+    report.launches_before = before.launches()
+    report.launches_after = fused_launches(out, lambda n: _tensor_shape(shapes.get(classes.get(n))),
+                                           lowered.cost_table)
     if report.launches_after > report.launches_before:
         report.launches_after = report.launches_before
         return gm
@@ -304,7 +312,7 @@ class _Before:
     def launches(self) -> int:
         """The input graph's whole-graph launch estimate (extract/fusion_cost.py)."""
         if self.launches_before is None:
-            self.launches_before = fused_launches(self.gm)
+            self.launches_before = fused_launches(self.gm, self.lowered.shapes.get, self.lowered.cost_table)
         return self.launches_before
 
 

@@ -222,12 +222,15 @@ def prepare(lowered: Lowered) -> _Raiser:
 
 
 def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
-          prepared: _Raiser | None = None) -> fx.GraphModule:
+          prepared: _Raiser | None = None, classes: dict[fx.Node, str] | None = None) -> fx.GraphModule:
     """The GraphModule of extraction `ex`; `prepared` is `prepare(lowered)` if already built
-    (the same module either way: every parameter read first, in the lowered graph's order)."""
+    (the same module either way: every parameter read first, in the lowered graph's order).
+    `classes`, if given, is filled with the e-class each emitted node computes."""
     r = prepared if prepared is not None else prepare(lowered)
     r.g, r.choice = g, ex.choice
     outs = r.value(g.root)  # emits the effect chain kept alive in the root too
+    if classes is not None:
+        classes.update((v, c) for c, v in r.env.items() if isinstance(v, fx.Node))
     output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
     r.graph.output(output_args)
     for node in r.prebuilt:
