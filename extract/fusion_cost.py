@@ -6,7 +6,8 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
 
 - an extern GEMM (mm / addmm / bmm / baddbmm, a linear) or an ATen fallback launches once;
 - elementwise ops, reductions and copies connected producer -> consumer (through views)
-  fuse into one kernel, up to a GEMM;
+  fuse into one kernel, up to a GEMM, unless another path from the producer to the consumer
+  passes through an extern call;
 - a cat or stack of computed tensors is free: each producer writes into its slice (a view
   of one, or an input, is copied: the cat is then a kernel of its own);
 - copies of graph inputs and parameters (the stacked weights of a batched GEMM) fuse with a
@@ -112,11 +113,12 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         name = _target_name(n, modules)
         if name in COPIES and not leafy[n] and all(kind.get(a) in ("compute", "extern") for a in n.all_input_nodes):
             free_cat.add(n)  # producers write straight into the output buffer
+    through_extern = _extern_paths(gm, kind)
     for n in compute:
         if n in free_cat:
             continue
         for a in sources(n):
-            if a not in free_cat and (not leafy[a] or not leafy[n]):
+            if a not in free_cat and (not leafy[a] or not leafy[n]) and not through_extern(a, n):
                 union(a, n)
     sizes: dict[fx.Node, int] = {}   # fused group -> its nodes
     lonely_copies = 0                # copies of inputs / parameters feeding only GEMMs
@@ -131,6 +133,32 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
     externs = sum(1 for k in kind.values() if k == "extern")
     kernels = sum(math.ceil(s / MAX_FUSION) for s in sizes.values())
     return externs + kernels + math.ceil(lonely_copies / MAX_FUSION) + random
+
+
+def _extern_paths(gm: fx.GraphModule, kind: dict[fx.Node, str]) -> Callable[[fx.Node, fx.Node], bool]:
+    """`through_extern(a, n)`: does a path from a to n pass through an extern call? Inductor
+    cannot fuse a into n then (the fused kernel would wait on the call that waits on it).
+    Bit sets over the extern calls: those upstream of each node and those downstream."""
+    bit: dict[fx.Node, int] = {}
+    up: dict[fx.Node, int] = {}
+    for n in gm.graph.nodes:
+        if n in kind:
+            m = 0
+            for a in n.all_input_nodes:
+                if a in up:
+                    m |= up[a] | bit.get(a, 0)
+            up[n] = m
+            if kind[n] == "extern":
+                bit[n] = 1 << len(bit)
+    down: dict[fx.Node, int] = {}
+    for n in reversed(gm.graph.nodes):
+        if n in kind:
+            m = 0
+            for u in n.users:
+                if u in down:
+                    m |= down[u] | bit.get(u, 0)
+            down[n] = m
+    return lambda a, n: bool(down[a] & up[n])
 
 
 def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[fx.Node], Shape | None],

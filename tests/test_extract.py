@@ -326,6 +326,25 @@ def test_fused_launches_copies_a_slice_of_an_input_into_a_cat():
     assert fused_launches(gm) == measured.total == 2
 
 
+def _residual(x, w):
+    a = torch.tanh(x)
+    return a * (a @ w)  # a reaches the mul directly and through the GEMM
+
+
+def test_fused_launches_does_not_fuse_across_an_extern_call():
+    """The tanh feeds the mul directly and through the mm: fused with the mul it would wait on
+    the mm that waits on it, so Inductor launches tanh, mm and mul apart (3); the estimate
+    once fused the two (2)."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(_residual)
+    with torch.no_grad():
+        measured = compile_inductor(gm, [torch.randn(8, 8), torch.randn(8, 8)],
+                                    config_patches={"compile_threads": 1}).launches
+    assert measured.extern == 1 and fused_launches(gm) == measured.total == 3
+
+
 def _rows(q, k, x, w, b):
     """A dot product, a one-row linear with K, N <= 16, and a real GEMM, with pointwise ops."""
     s = torch.tanh(q @ torch.cat(torch.split(k, 4, 1), 1).t())  # a split-cat to remove: optimize changes it
