@@ -139,25 +139,21 @@ def _extern_paths(gm: fx.GraphModule, kind: dict[fx.Node, str]) -> Callable[[fx.
     """`through_extern(a, n)`: does a path from a to n pass through an extern call? Inductor
     cannot fuse a into n then (the fused kernel would wait on the call that waits on it).
     Bit sets over the extern calls: those upstream of each node and those downstream."""
-    bit: dict[fx.Node, int] = {}
-    up: dict[fx.Node, int] = {}
-    for n in gm.graph.nodes:
-        if n in kind:
+    bit = {n: 1 << i for i, n in enumerate(n for n, k in kind.items() if k == "extern")}
+    nodes = [n for n in gm.graph.nodes if n in kind]
+
+    def closure(order, neighbours) -> dict[fx.Node, int]:
+        seen: dict[fx.Node, int] = {}
+        for n in order:
             m = 0
-            for a in n.all_input_nodes:
-                if a in up:
-                    m |= up[a] | bit.get(a, 0)
-            up[n] = m
-            if kind[n] == "extern":
-                bit[n] = 1 << len(bit)
-    down: dict[fx.Node, int] = {}
-    for n in reversed(gm.graph.nodes):
-        if n in kind:
-            m = 0
-            for u in n.users:
-                if u in down:
-                    m |= down[u] | bit.get(u, 0)
-            down[n] = m
+            for a in neighbours(n):
+                if a in seen:
+                    m |= seen[a] | bit.get(a, 0)
+            seen[n] = m
+        return seen
+
+    up = closure(nodes, lambda n: n.all_input_nodes)
+    down = closure(reversed(nodes), lambda n: n.users)
     return lambda a, n: bool(down[a] & up[n])
 
 
