@@ -948,7 +948,8 @@ class _Lowerer:
 
     def seed_lhs_groups(self, depth, reach, counts) -> None:
         """Linears reading the same input (same depth, same bias presence): one wide GEMM. Fewer
-        than LHS_MIN_MEMBERS of them only when none has a twin (see LHS_MIN_MEMBERS)."""
+        than LHS_MIN_MEMBERS of them only when none has a twin (see LHS_MIN_MEMBERS). Linears
+        and matmuls the target computes as elementwise code (launch_cost.py) join no group."""
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, dt, nobias, out) in self.lhs_kind.items():
             xs = self.shapes.get(x)
@@ -989,8 +990,10 @@ class _Lowerer:
             xs, ys, out = self.shapes.get(x), self.shapes.get(y), self.shapes.get(n)
             if n not in self.expr or xs is None or ys is None or out is None or len(xs) < 2 or len(ys) < 2:
                 continue  # a 1-D operand is a vector product: no last dim to concatenate on
-            if ys[-1] >= SYMBOLIC_MIN or out[-1] != ys[-1] or elementwise_matmul(xs, ys, self.cost_table):
-                continue  # (elementwise: no GEMM to share, a wide one would launch where the members fuse)
+            if ys[-1] >= SYMBOLIC_MIN or out[-1] != ys[-1]:
+                continue
+            if elementwise_matmul(xs, ys, self.cost_table):
+                continue  # no GEMM to share: a wide one would launch where the members fuse
             buckets[(self.expr.get(x, x), tid, self.dtype(y), ys[:-1], n in reach, n.meta.get(PART))].append(n)
         for candidates in map(self.distinct, buckets.values()):
             for members in ancestors.independent_sets(candidates) if len(candidates) > 1 else ():
