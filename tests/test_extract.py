@@ -375,6 +375,7 @@ def test_fused_launches_with_shapes_fuses_gemms_inductor_computes_elementwise():
     report = out.meta["optimus_egg"]
     assert report.changed and calls(out, torch.split) == 0
     with torch.no_grad():
+        torch.testing.assert_close(out(*inputs), gm(*inputs))
         assert report.launches_after == compile_inductor(out, inputs).launches.total == measured.total
 
 
