@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from torch import fx
+from torch.fx.passes.shape_prop import ShapeProp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -29,8 +30,6 @@ def run(seed: int, programs: int, every: bool) -> None:
     from hypothesis import seed as hypothesis_seed
     from test_fuzz import Program, make_input
     from test_fuzz import programs as program_strategy
-
-    from torch.fx.passes.shape_prop import ShapeProp
 
     from optimus_egg import optimize
     from optimus_egg.ablation import rewrite_greedily

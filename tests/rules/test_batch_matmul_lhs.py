@@ -97,3 +97,4 @@ def test_dot_products_that_inductor_computes_elementwise_stay_apart():
     assert after_n <= before_n
     wider, report = optimize_with(torch.fx.symbolic_trace(attend_rows), batch_matmul_lhs, torch.randn(2, 8), k1, k2)
     assert report.groups["matmul_lhs"] == 1 and fired(report, "batch-matmul-lhs")
+    assert calls(wider, operator.matmul) == 3  # one score product of the concatenated keys, two weighted sums
