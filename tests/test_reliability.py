@@ -126,6 +126,38 @@ def _unbind_stack_written(x):
     return torch.stack(s, 1)
 
 
+def _write_through_eval_dropout(x):
+    """F.dropout with training=False returns its input itself: the add_ writes into the piece,
+    a view of the cat's copy of x. Were the cat removed, it would write into x."""
+    s = torch.split(x, 6, dim=1)
+    pieces = torch.split(torch.cat([s[0], s[1]], dim=1), 4, dim=1)
+    d = F.dropout(pieces[0], 0.5, training=False)
+    d.add_(1.0)
+    return torch.cat([d, pieces[1], pieces[2]], dim=1)
+
+
+def _write_through_torch_dropout(x):
+    s = torch.split(x, 6, dim=1)
+    pieces = torch.split(torch.cat([s[0], s[1]], dim=1), 4, dim=1)
+    d = torch.dropout(pieces[1], 0.0, True)  # p = 0: no draw, the input itself
+    d.mul_(2.0)
+    return torch.cat([pieces[0], pieces[1], pieces[2]], dim=1)
+
+
+class _WriteThroughIdentities(nn.Module):
+    """An eval-mode Dropout and an Identity return their input itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop, self.id = nn.Dropout(0.5).eval(), nn.Identity()
+
+    def forward(self, x):
+        s = torch.split(x, 6, dim=1)
+        pieces = torch.split(torch.cat([s[0], s[1]], dim=1), 4, dim=1)
+        self.id(self.drop(pieces[2])).sub_(1.0)
+        return torch.cat([pieces[0], pieces[1], pieces[2]], dim=1)
+
+
 MUTATIONS = {
     "copy_into_piece": _copy_into_piece,
     "add_into_piece": _add_into_piece,
@@ -134,6 +166,9 @@ MUTATIONS = {
     "base_written_after_cat": _base_written_after_cat,
     "write_through_view_of_piece": _write_through_view_of_piece,
     "view_of_written_piece": _view_of_written_piece,
+    "write_through_eval_dropout": _write_through_eval_dropout,
+    "write_through_torch_dropout": _write_through_torch_dropout,
+    "write_through_identities": _WriteThroughIdentities(),
 }
 
 

@@ -251,6 +251,17 @@ def _is_view(node: fx.Node) -> bool:
     return False
 
 
+def _returns_input(node: fx.Node, modules: dict | None = None) -> bool:
+    """A call whose result is its input itself: a dropout that draws nothing (eval mode, or
+    p = 0) or an Identity module. A write through it is a write to the input."""
+    if node.op == "call_module":
+        mod = _submodule(node, modules)
+        return isinstance(mod, (torch.nn.Identity, torch.nn.modules.dropout._DropoutNd)) and not _draws_random(node, modules)
+    if node.op not in ("call_function", "call_method"):
+        return False
+    return "dropout" in _name(node.target) and not _draws_random(node, modules)
+
+
 def _draws_random(node: fx.Node, modules: dict | None = None) -> bool:
     """An RNG draw that Node.is_impure misses. It knows torch.rand_like & co., but not F.dropout
     (a Python function), torch.dropout, nor a Dropout module in training mode; left unordered,
@@ -305,9 +316,9 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
         if n in aliased:
             continue
         aliased.add(n)
-        if _is_view(n) or _is_mutation(n, modules):
+        if _is_view(n) or _is_mutation(n, modules) or _returns_input(n, modules):
             todo.extend(n.all_input_nodes[:1])
-        todo.extend(u for u in n.users if _is_view(u) or _is_mutation(u, modules))
+        todo.extend(u for u in n.users if _is_view(u) or _is_mutation(u, modules) or _returns_input(u, modules))
     touched = set(aliased)
     for n in aliased:
         touched.update(u for u in n.users if u.op != "output")
