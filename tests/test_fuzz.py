@@ -531,7 +531,9 @@ class Program(nn.Module):
 
     def conditional(self, steps, ps, taps):
         """The steps inside torch.cond (Dynamo: two body graphs, parts.py): run on the parts as
-        they are if part 0 sums above 0, else on their negations; the taps returned as outputs."""
+        they are if part 0 sums above -0.5, else on their negations; the taps returned as
+        outputs. Not 0: a plain layer norm's output sums to 0 up to rounding, and a rewrite
+        that changes the rounding (a batched linear before it) would flip the branch."""
         n = len(ps)
 
         def branch(sign):
@@ -542,7 +544,7 @@ class Program(nn.Module):
                 return (*qs, *got)
             return body
 
-        out = torch.cond(ps[0].sum() > 0, branch(1.0), branch(-1.0), tuple(ps))
+        out = torch.cond(ps[0].sum() > -0.5, branch(1.0), branch(-1.0), tuple(ps))
         taps += out[n:]
         return list(out[:n])
 
