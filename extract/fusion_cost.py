@@ -15,8 +15,8 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
 - a dropout that draws (F.dropout's `training` defaults to True) computes like an elementwise
   op, and any random op adds one fallback call that draws the graph's seeds;
 - given shapes, a GEMM that Inductor's CPU decompositions compute as elementwise code (a
-  one-row linear with K, N <= 16, a dot product, a small outer product: launch_cost.py)
-  computes like an elementwise op.
+  one-row linear with K, N <= 16, a dot product, a small outer product, a batched
+  matrix-vector product: launch_cost.py) computes like an elementwise op.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ import math
 from collections.abc import Callable
 
 import torch.fx as fx
-from optimus_egg.extract.launch_cost import GEMM_TARGETS, VIEW_TARGETS, elementwise_linear, elementwise_matmul
+from optimus_egg.extract.launch_cost import (GEMM_TARGETS, VIEW_TARGETS, elementwise_batched_linear, elementwise_linear,
+                                             elementwise_matmul)
 
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
                          "scatter_add", "sort", "topk", "nonzero"}
@@ -168,6 +169,9 @@ def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[
     if name == "linear" and n.op == "call_module":
         mod = modules[n.target]
         return elementwise_linear(shape(n.args[0]), tuple(mod.weight.shape), mod.bias is not None, table)
+    if name == "batched_linear" and len(n.args) >= 2:
+        bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("b")
+        return elementwise_batched_linear(shape(n.args[0]), shape(n.args[1]), bias is not None, table)
     if name == "linear" and len(n.args) >= 2:
         bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")
         return elementwise_linear(shape(n.args[0]), shape(n.args[1]), bias is not None, table)

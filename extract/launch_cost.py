@@ -82,13 +82,25 @@ def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bia
 
 def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, table: str = "cpu") -> bool:
     """Is mm / bmm / matmul(a, b) one Inductor computes as elementwise code on this target? On
-    CPU its decompositions turn a dot product ([1, K] @ [K, 1], batched alike), an outer
-    product of a batch ([B, M, 1] @ [B, 1, N]) and a small outer product ([M, 1] @ [1, N],
-    at most 32 elements in) into multiplies and a sum."""
+    CPU its decompositions turn a dot product ([1, K] @ [K, 1]) and a small outer product
+    ([M, 1] @ [1, N], at most 32 elements in) into multiplies and a sum; its bmm lowering does
+    the same for every batched matrix-vector product ([B, 1, K] @ [B, K, N] or
+    [B, M, K] @ [B, K, 1], any size) and its decomposition for a batch of outer products
+    ([B, M, 1] @ [B, 1, N])."""
     if table != "cpu" or not a or not b or len(a) != len(b) or len(a) not in (2, 3):
         return False
-    if a[-2] == 1 and b[-1] == 1:
-        return True
     if len(a) == 3:
-        return a[2] == 1 and b[1] == 1
+        return a[1] == 1 or b[2] == 1 or (a[2] == 1 and b[1] == 1)
+    if a[0] == 1 and b[1] == 1:
+        return True
     return a[1] == 1 and a[0] != 1 and b[1] != 1 and a[0] + b[1] <= 32
+
+
+def elementwise_batched_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bias: bool,
+                               table: str = "cpu") -> bool:
+    """Is batched_linear(x [G, *, K], w [G, O, K]) one the target computes as elementwise code?
+    Without a bias it is one bmm of [G, M, K] @ [G, K, O] (M the product of x's middle dims,
+    ops.batched_linear); with one, a baddbmm, which Inductor always calls."""
+    if bias or not x or not w or len(x) < 2 or len(w) != 3:
+        return False
+    return elementwise_matmul((x[0], math.prod(x[1:-1]), x[-1]), (w[0], w[2], w[1]), table)

@@ -108,3 +108,37 @@ def test_gemms_inductor_computes_elementwise_on_cpu():
     args[0] = torch.randn(2, 8)  # [2, 8] @ [8, 1]: a GEMM
     with torch.no_grad():
         assert compile_inductor(fx.symbolic_trace(f), args).launches.extern == 1
+
+
+def test_batched_matrix_vector_products_are_elementwise_on_cpu():
+    """Inductor's CPU bmm lowering computes a batched matrix-vector product (M or N of 1, any
+    size) as a multiply and a sum, fused with its neighbours; so does a bias-free
+    batched_linear (one bmm), while one with a bias is a baddbmm, always an extern call."""
+    from optimus_egg import ops
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.extract.launch_cost import elementwise_batched_linear, elementwise_matmul
+    from optimus_egg.measure import compile_inductor
+
+    assert elementwise_matmul((4, 64, 8), (4, 8, 1)) and elementwise_matmul((4, 1, 8), (4, 8, 64))
+    assert not elementwise_matmul((4, 2, 8), (4, 8, 2)) and not elementwise_matmul((4, 1, 8), (4, 8, 1), table="cuda")
+    assert elementwise_batched_linear((4, 16, 8), (4, 1, 8), bias=False)
+    assert elementwise_batched_linear((4, 1, 8), (4, 8, 8), bias=False)
+    assert not elementwise_batched_linear((4, 16, 8), (4, 1, 8), bias=True)
+    assert not elementwise_batched_linear((4, 16, 8), (4, 8, 8), bias=False)
+
+    g = fx.Graph()
+    a, v, u, m, x, w, b = (g.placeholder(n) for n in "avumxwb")
+    outs = [g.call_function(torch.relu, (g.call_function(torch.bmm, (a, v)),)),
+            g.call_function(torch.relu, (g.call_function(torch.bmm, (u, m)),)),
+            g.call_function(torch.relu, (g.call_function(ops.batched_linear, (x, w, None)),)),
+            g.call_function(torch.relu, (g.call_function(ops.batched_linear, (x, w, b)),))]
+    g.output(tuple(outs))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    args = [torch.randn(4, 64, 8), torch.randn(4, 8, 1), torch.randn(4, 1, 8), torch.randn(4, 8, 64),
+            torch.randn(4, 16, 8), torch.randn(4, 1, 8), torch.randn(4, 1)]
+    shapes = {n: tuple(t.shape) for n, t in zip(g.find_nodes(op="placeholder"), args)}
+    with torch.no_grad():
+        measured = compile_inductor(gm, args).launches
+    assert measured.extern == 1  # the baddbmm
+    assert fused_launches(gm, shapes.get) == measured.total
+    assert fused_launches(gm) == 8  # without shapes: four extern calls, each with its relu

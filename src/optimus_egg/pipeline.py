@@ -22,7 +22,8 @@ from optimus_egg import parts, worker
 from optimus_egg.extract.fusion_cost import fused_launches
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
-from optimus_egg.extract.launch_cost import GEMM_TARGETS, elementwise_linear, elementwise_matmul, launch_cost
+from optimus_egg.extract.launch_cost import (GEMM_TARGETS, elementwise_batched_linear, elementwise_linear,
+                                             elementwise_matmul, launch_cost)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import Lowered, _name, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
@@ -129,12 +130,24 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
         if n.op == "linear" and elementwise_linear(shapes.get(n.children[0]), shapes.get(n.children[1]),
                                                    n.children[2] in shapes, table):
             launches = elementwise
+        elif n.op == "batched_linear" and elementwise_batched_linear(
+                shapes.get(n.children[0]), shapes.get(n.children[1]), not _no_bias(g, n.children[2]), table):
+            launches = elementwise
         elif c[1] in ("mm", "bmm", "matmul") and n.op == "call":
             args = g.values[n.children[1]]
             if len(args) >= 2 and elementwise_matmul(shapes.get(args[0]), shapes.get(args[1]), table):
                 launches = elementwise
         return launches + scale * work(g, n, shapes, size, c[1]) if launches and scale else launches
     return cost
+
+
+def _no_bias(g: Graph, cls: str) -> bool:
+    """Is class `cls` a batched linear's missing bias: none, or a stack of nothing but none?"""
+    def none(c: str) -> bool:
+        return any(g.nodes[k].op == "none" for k in g.classes.get(c, ()))
+
+    return none(cls) or any(g.nodes[k].op == "stack" and all(map(none, g.values[g.nodes[k].children[0]]))
+                            for k in g.classes.get(cls, ()))
 
 
 # A node's work adds WORK_EPS per work_unit elements: the same order as greedy.EPS, the
