@@ -443,6 +443,76 @@ def test_training_gradients_through_compile(fresh_dynamo, reports):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=5e-5, msg=lambda s: f"{name}: {s}")
 
 
+class _RowOfAStack(nn.Module):
+    """Rows normalized, stacked and unbound, only row 0 read: eagerly the other rows' layer
+    norms are on the gradient's path (through the stack) and get zero gradients."""
+
+    def __init__(self, affine: bool, n=3, d=4):
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(d, elementwise_affine=affine) for _ in range(n))
+        self.n, self.d = n, d
+
+    def forward(self, x):
+        xs = torch.split(x, self.d, dim=1)
+        rows = torch.stack([self.norms[i](xs[i]) for i in range(self.n)], -1).unbind(-1)
+        return torch.sigmoid(rows[0])
+
+
+def _grads(gm, x):
+    gm.zero_grad(set_to_none=True)
+    gm(x).sum().backward()
+    return {name: p.grad for name, p in gm.named_parameters()}
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_a_parameter_keeps_its_zero_gradient(affine):
+    """The stack-of-unbind rules read row 0 straight from its norm, leaving the other norms
+    dead: with parameters there (affine), their gradients would be None where eager's are
+    zeros (an optimizer with weight decay would skip them), so the input comes back, saying
+    why; without parameters the rewrite stands. Found by the fuzz suite (seed 1602, training
+    through the backend)."""
+    x = torch.randn(2, 12)
+    gm = fx.symbolic_trace(_RowOfAStack(affine))
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.matches.get("unbind-of-stack", 0) > 0, "the stack was not taken apart"
+    torch.testing.assert_close(out(x), gm(x))
+    if affine:
+        assert not report.changed and "gradient would be None" in report.kept_input and report.fallback is None
+        assert calls(out, torch.stack) == 1
+        want = _grads(gm, x)
+        assert all(torch.count_nonzero(want[f"norms.{i}.{w}"]) == 0 for i in (1, 2) for w in ("weight", "bias"))
+        got = _grads(out, x)
+        assert set(got) == set(want)
+        for name, g in want.items():
+            torch.testing.assert_close(got[name], g, msg=lambda m, n=name: f"{n}: {m}")
+    else:
+        assert report.changed and report.kept_input is None and calls(out, torch.stack) == 0
+
+
+def test_a_parameter_keeps_its_zero_gradient_through_dynamo(fresh_dynamo):
+    """The same through torch.compile, where Dynamo passes the parameters as graph inputs."""
+    import copy
+
+    torch.manual_seed(0)
+    model, x = _RowOfAStack(affine=True), torch.randn(2, 12)
+    ref = copy.deepcopy(model)
+    reports = []
+
+    def backend(gm, example_inputs):
+        out = optimus_egg.optimize(gm, list(example_inputs), 1.0, strict=True)
+        reports.append(out.meta["optimus_egg"])
+        return out
+
+    torch.compile(model, backend=backend)(x).sum().backward()
+    ref(x).sum().backward()
+    assert reports and reports[0].matches.get("unbind-of-stack", 0) > 0
+    assert "gradient would be None" in reports[0].kept_input
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=name: f"{n}: {m}")
+
+
 # ---- big inputs -----------------------------------------------------------------------------------
 
 @pytest.mark.slow

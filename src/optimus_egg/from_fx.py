@@ -101,6 +101,7 @@ class Lowered:
     cost_table: str = "cpu"               # extract/launch_cost.py TABLES entry that prices it
     symbols: dict[str, tuple[int, object]] = field(default_factory=dict)  # symbol or expression -> (sentinel, source) (shapes.py)
     leaf_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # Tensor.input name -> shape
+    grad_reach: set[fx.Node] | None = None  # the nodes a gradient of the outputs reaches (_grad_reach), once seeded
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -362,6 +363,7 @@ class _Lowerer:
         self._template_ids: dict[str, int] = {}
         self.leaves: dict[str, fx.Node] = {}
         self.leaf_shapes: dict[str, tuple[int, ...]] = {}
+        self.grad_reach: set[fx.Node] | None = None
         self.identities: set[fx.Node] = set()  # nodes lowered to one of their operands
         self.expr: dict[fx.Node, Any] = {}
         self.pieces: dict[fx.Node, Any] = {}    # tuple-valued node -> the variable naming its Pieces
@@ -912,7 +914,7 @@ class _Lowerer:
 
     def seed_groups(self) -> dict[str, int]:
         depth = _depths(self.gm.graph, self.free)
-        reach = _grad_reach(self.gm.graph, self.values)
+        reach = self.grad_reach = _grad_reach(self.gm.graph, self.values)
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, k in self.kind.items():
             if k[0] in ("linear", "layer_norm", "pointwise", "binary") and n in self.expr and n in self.shapes:
@@ -1196,4 +1198,4 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   lw.expr, groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes)
+                   lw.expr, groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes, lw.grad_reach)

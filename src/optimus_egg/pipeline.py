@@ -25,7 +25,7 @@ from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, elementwise_batched_linear, elementwise_linear,
                                              elementwise_matmul, launch_cost)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
-from optimus_egg.from_fx import Lowered, _name, from_fx
+from optimus_egg.from_fx import Lowered, _grad_reach, _name, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
 from optimus_egg.shapes import check_inputs
@@ -48,7 +48,8 @@ class Report:
     launches_before: int | None = None  # whole-graph estimate with fusion (extract/fusion_cost.py)
     launches_after: int | None = None
     changed: bool = False
-    fallback: str | None = None
+    fallback: str | None = None  # an internal failure: the input came back
+    kept_input: str | None = None  # why the input came back although a cheaper graph was found
     hard_stop: bool = False      # the search worker was killed at the hard deadline
     parts: int = 1               # parts kept apart: stretches between state changes, bodies (parts.py)
 
@@ -68,6 +69,8 @@ class Report:
         if self.parts != 1:
             lines.insert(1, f"  {self.parts} parts kept apart (stretches between grad-mode / autocast changes, "
                             "bodies: checkpointed, cond branches, shared layers)")
+        if self.kept_input:
+            lines.append(f"  kept the input: {self.kept_input}")
         if self.fallback:
             lines.append(f"  fallback: {self.fallback}")
         return "\n".join(lines)
@@ -281,10 +284,57 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     report.launches_after = fused_launches(out, lambda n: _tensor_shape(shapes.get(classes.get(n))),
                                            lowered.cost_table)
     if report.launches_after > report.launches_before:
+        report.kept_input = (f"the fusion estimate predicts {report.launches_after} launches for the result, "
+                             f"{report.launches_before} for the input")
         report.launches_after = report.launches_before
+        return gm
+    if _loses_a_gradient(gm, out, inputs, lowered.grad_reach):
+        # A parameter that only fed pieces nothing reads (a stack unbound, one row used) gets
+        # a zero gradient eagerly; with the stack gone it would get None, which an optimizer
+        # with weight decay or momentum treats differently. Keep the input.
+        report.kept_input = "a parameter's gradient would be None where the input's is zeros"
         return gm
     report.cost_after, report.changed = ex.cost, True
     return out
+
+
+_SIZE_TARGETS = {"size", "dim", "sym_size", "numel", "sym_numel", "stride"}
+
+
+def _loses_a_gradient(gm: fx.GraphModule, out: fx.GraphModule, inputs, reach: set[fx.Node] | None) -> bool:
+    """Does a tensor requiring grad (an input, a parameter, a buffer) that a gradient of gm's
+    outputs reaches (`reach`, from_fx's; eagerly each gets a gradient, zeros at least) go
+    unreached in `out`? out's reach is walked from its outputs (a superset): its nodes copied
+    from gm keep the reach a graph of parts carries in meta, new ones have none."""
+    (ins, names), (ins_out, names_out) = _reached_leaves(gm, inputs, reach), _reached_leaves(out, inputs)
+    if any(inputs[i].requires_grad for i in ins - ins_out):
+        return True
+    if names <= names_out:
+        return False
+
+    def under(name: str, targets: set[str]) -> bool:  # name, or a module holding it, is read
+        while name:
+            if name in targets:
+                return True
+            name = name.rpartition(".")[0]
+        return False
+
+    tensors = (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))
+    return any(t.requires_grad and under(name, names) and not under(name, names_out) for name, t in tensors)
+
+
+def _reached_leaves(gm: fx.GraphModule, inputs, reach: set[fx.Node] | None = None) -> tuple[set[int], set[str]]:
+    """The tensor inputs (their indices) and the get_attr / call_module targets that `reach`
+    holds; by default, that a walk back from gm's outputs reaches (from_fx._grad_reach)."""
+    if reach is None:
+        values = {n: 0 if _name(n.target) in _SIZE_TARGETS or n.target == "shape" else n.meta.get("val")
+                  for n in gm.graph.nodes}
+        reach = _grad_reach(gm.graph, values, starts=[a for n in gm.graph.nodes if n.op == "output"
+                                                       for a in n.all_input_nodes])
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ins = {i for i, n in enumerate(placeholders) if n in reach and i < len(inputs)
+           and isinstance(inputs[i], torch.Tensor)}
+    return ins, {n.target for n in reach if n.op in ("get_attr", "call_module")}
 
 
 def _by_part(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
