@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from torch import fx
-from torch.fx.passes.shape_prop import ShapeProp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -33,14 +32,9 @@ def run(seed: int, programs: int, every: bool) -> None:
 
     from optimus_egg import optimize
     from optimus_egg.ablation import rewrite_greedily
+    from optimus_egg.bench import fx_shapes
     from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.measure import compile_inductor
-
-    def shapes(gm, x):
-        """Each node's tensor shape, as optimize() gives its fusion estimate."""
-        with torch.random.fork_rng(), torch.no_grad():
-            ShapeProp(gm).propagate(x)
-        return lambda n: tuple(n.meta["tensor_meta"].shape) if hasattr(n.meta.get("tensor_meta"), "shape") else None
 
     def price(gm, x) -> float:
         return optimize(gm, [x], budget_s=0.0).meta["optimus_egg"].cost_before
@@ -62,7 +56,7 @@ def run(seed: int, programs: int, every: bool) -> None:
             return
         launches = [compile_inductor(g, [x]).launches.total for g in (gm, egg, greedy)]
         rows.append((cost_egg, cost_greedy, launches))
-        estimates.extend(fused_launches(g, shapes(g, x)) - n for g, n in zip((gm, egg, greedy), launches))
+        estimates.extend(fused_launches(g, fx_shapes(g, [x])) - n for g, n in zip((gm, egg, greedy), launches))
         flag = ("  optimus_egg above its input" if launches[1] > launches[0] else
                 "  ablation fewer" if launches[2] < launches[1] else "")
         print(f"cost egg {cost_egg:8.3f} ablation {cost_greedy:8.3f}   launches input {launches[0]:3d} "

@@ -54,6 +54,7 @@ from typing import Any, Callable, Sequence, TextIO
 import torch
 import torch.fx as fx
 
+from optimus_egg.extract.launch_cost import table_for
 from optimus_egg.measure import _tensors
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "plot",
     "spearman",
     "predicted_launches",
+    "fx_shapes",
     "family_of",
 ]
 
@@ -212,13 +214,31 @@ def _optimus_counter_names() -> set[str]:
 
 def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any]) -> float:
     """Launches the cost model predicts for ``gm`` as written: the whole-graph estimate with
-    Inductor's fusion (extract/fusion_cost.py). NaN if the graph cannot be read."""
+    Inductor's fusion (extract/fusion_cost.py), given the shapes of one run on ``inputs``, as
+    optimize() gives it. NaN if the graph cannot be read."""
     from optimus_egg.extract.fusion_cost import fused_launches
 
     try:
-        return float(fused_launches(gm))
+        devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
+        table = table_for(devices.pop() if len(devices) == 1 else "cpu")
+        return float(fused_launches(gm, fx_shapes(gm, inputs), table))
     except Exception:  # noqa: BLE001 - an unreadable graph has no prediction
         return math.nan
+
+
+def fx_shapes(gm: fx.GraphModule, inputs: Sequence[Any]):
+    """node -> its tensor shape (None where it is not one), from one run of ``gm`` on copies of
+    ``inputs`` (ShapeProp; the random state and the inputs left as they were)."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    with torch.random.fork_rng(), torch.no_grad():
+        ShapeProp(gm).propagate(*copies)
+
+    def shape_of(n: fx.Node):
+        meta = n.meta.get("tensor_meta")
+        return tuple(meta.shape) if hasattr(meta, "shape") else None
+    return shape_of
 
 
 def _report_fields(report) -> dict[str, Any]:

@@ -130,11 +130,10 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
             gemm = "linear" if n.op in ("linear", "batched_linear") else name if name in GEMM_TARGETS else None
             c = memo[key] = (launches, gemm)
         launches = c[0]
-        if n.op == "linear" and elementwise_linear(shapes.get(n.children[0]), shapes.get(n.children[1]),
-                                                   n.children[2] in shapes, table):
-            launches = elementwise
-        elif n.op == "batched_linear" and elementwise_batched_linear(
-                shapes.get(n.children[0]), shapes.get(n.children[1]), not _no_bias(g, n.children[2]), table):
+        x, w = (shapes.get(n.children[0]), shapes.get(n.children[1])) if n.op in ("linear", "batched_linear") \
+            else (None, None)
+        if (n.op == "linear" and elementwise_linear(x, w, n.children[2] in shapes, table)) or (
+                n.op == "batched_linear" and elementwise_batched_linear(x, w, not _no_bias(g, n.children[2]), table)):
             launches = elementwise
         elif c[1] in ("mm", "bmm", "matmul") and n.op == "call":
             args = g.values[n.children[1]]
