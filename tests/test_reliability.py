@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import optimus_egg
 import optimus_egg.pipeline as pipeline
-from optimus_egg import ops
+from optimus_egg import bench, ops
 from optimus_egg.testing import calls
 
 
@@ -479,6 +479,8 @@ def test_a_parameter_keeps_its_zero_gradient(affine):
     torch.testing.assert_close(out(x), gm(x))
     if affine:
         assert not report.changed and "gradient would be None" in report.kept_input and report.fallback is None
+        assert "kept the input: a parameter's gradient" in str(report)
+        assert bench._report_fields(report)["stop_reason"].endswith("(kept the input)")
         assert calls(out, torch.stack) == 1
         want = _grads(gm, x)
         assert all(torch.count_nonzero(want[f"norms.{i}.{w}"]) == 0 for i in (1, 2) for w in ("weight", "bias"))

@@ -247,7 +247,8 @@ def _report_fields(report) -> dict[str, Any]:
     return dict(
         egraph_nodes=report.egraph_nodes,
         iterations=report.iterations,
-        stop_reason=report.stop_reason + (" (fallback)" if report.fallback else ""),
+        stop_reason=report.stop_reason + (" (fallback)" if report.fallback else
+                                          " (kept the input)" if report.kept_input else ""),
         cost_before=round(report.cost_before, 3),
         cost_after=round(report.cost_after, 3),
         changed=report.changed,
