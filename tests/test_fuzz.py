@@ -965,6 +965,18 @@ _MORE_LAUNCHES = {
         ("layer_norm", "plain", [0, 1, 2, 3]), ("uneven", "clamp", (13, 1, 10, 3, 1, 1, 1, 2))),
         "split": "split_list", "out": "tuple", "tap": (6, 1), "block": (5, 3, "no_grad"), "special": True,
         "dtype": torch.float32, "seed": 1853},
+    # bench/differential.py --all --seed 12: four one-row linears with biases (Inductor computes
+    # each as elementwise code, fused) batched by batch_linear into one baddbmm, an extern call:
+    # 12 launches, 9 for the input. Such linears join no batch group now: 9.
+    "one_row_linears": {"n": 5, "d": 3, "b": 1, "steps": (
+        ("attend", 3, "bmm", "chain", [0, 1, 2, 3, 4]), ("linear", "own", True, [3]),
+        ("nested", "mul_scalar", {"sizes1": (2, 2, 8, 2, 1), "j": 2, "sizes2": (3, 1, 3, 1),
+                                  "spell1": ("slice", "narrow_neg", "slice", "slice", "slice"), "spell2": "method_split",
+                                  "flags": (False, False, False, False, False, False, False, True), "cut": 1, "dim": 1}),
+        ("pointwise", "tanh", 1, [2]), ("dropout", "torch.dropout", [2, 4]), ("layer_norm", "functional", [0, 1, 2, 3, 4]),
+        ("fanout", 2, True, [0, 1, 2, 4]), ("pointwise", "silu", 1, [0, 1, 2, 3, 4])),
+        "split": "split_list", "out": "cat", "tap": None, "block": (3, 2, "no_grad"), "special": True,
+        "dtype": torch.float64, "seed": 25875},
 }
 
 

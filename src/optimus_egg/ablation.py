@@ -54,7 +54,8 @@ class GreedyReport:
     first and last steps' reports); ``matches`` sums every step's matches per rule;
     ``egraph_nodes`` is the largest e-graph a step built and ``iterations`` the saturation
     rounds run over all steps; ``stop_reason`` is "fixpoint" (a whole pass changed nothing) or
-    "max_passes"; ``fallback`` the first step that fell back to its input, if any.
+    "max_passes"; ``fallback`` the first step that fell back to its input, if any, and
+    ``kept_input`` the first that kept its input although it found a cheaper graph.
     """
     steps: list[GreedyStep] = field(default_factory=list)
     passes: int = 0
@@ -85,6 +86,10 @@ class GreedyReport:
     @property
     def fallback(self) -> str | None:
         return next((f"{s.family}: {s.report.fallback}" for s in self.steps if s.report.fallback), None)
+
+    @property
+    def kept_input(self) -> str | None:
+        return next((f"{s.family}: {s.report.kept_input}" for s in self.steps if s.report.kept_input), None)
 
     def __str__(self) -> str:
         fired = ", ".join(f"{k}={v}" for k, v in sorted(self.matches.items()) if v) or "none"

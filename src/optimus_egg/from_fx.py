@@ -917,6 +917,8 @@ class _Lowerer:
         reach = self.grad_reach = _grad_reach(self.gm.graph, self.values)
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, k in self.kind.items():
+            if k[0] == "linear" and elementwise_linear(k[1][0], k[1][1], k[2][2] is not None, self.cost_table):
+                continue  # fused with its neighbours; a batch of them would be a baddbmm, which launches
             if k[0] in ("linear", "layer_norm", "pointwise", "binary") and n in self.expr and n in self.shapes:
                 buckets[(k[0], k[1], depth[n], n in reach, n.meta.get(PART))].append(n)
         counts: dict[str, int] = defaultdict(int)

@@ -26,21 +26,31 @@ def test_batch_linear():
 
 def test_one_row_linears_that_inductor_computes_elementwise_stay_apart():
     """On CPU Inductor computes addmm(b, x[1, K], w.T) with K, N <= 16 as elementwise code
-    fused with its neighbours (no GEMM launch); batched they would be one bmm, a launch more.
-    The rule fires, extraction keeps the linears, and Inductor launches no more than for
-    the input. With two rows each they are GEMMs and batch."""
+    fused with its neighbours (no GEMM launch); batched they would be one baddbmm, a launch
+    more. Such linears join no group (the rule cannot fire), and Inductor launches no more
+    than for the input. With two rows each they are GEMMs and batch; without biases too
+    (each an mm; their batch is a bmm of one row, which Inductor computes as elementwise
+    code: fewer launches)."""
     from optimus_egg.measure import compile_inductor
 
     m = ParallelLinears(n=3, k=3, o=3)
     x = torch.randn(3, 1, 3)
     gm = torch.fx.symbolic_trace(m)
     after, report = optimize_with(gm, batch_linear, x)
-    assert fired(report, "batch-linear") and calls(after, ops.batched_linear) == 0
+    assert "linear" not in report.groups and not fired(report, "batch-linear")
+    assert calls(after, ops.batched_linear) == 0
     with torch.no_grad():
         before_n, after_n = (compile_inductor(g, [x]).launches.total for g in (gm, after))
     assert after_n <= before_n
     wider, _ = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(3, 2, 3))
     assert calls(wider, ops.batched_linear) == 1
+    plain = ParallelLinears(n=3, k=3, o=3, bias=False)
+    gm = torch.fx.symbolic_trace(plain)
+    after, report = optimize_with(gm, batch_linear, x)
+    assert fired(report, "batch-linear") and calls(after, ops.batched_linear) == 1
+    with torch.no_grad():
+        before_n, after_n = (compile_inductor(g, [x]).launches for g in (gm, after))
+    assert before_n.extern == 3 and after_n.extern == 0 and after_n.total < before_n.total
 
 
 def test_batch_linear_mixed_bias_beyond_optimus():
