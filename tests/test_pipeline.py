@@ -55,6 +55,21 @@ def test_report_fields_and_str(optimized):
     assert "batch-linear" in text and "stopped by" in text
 
 
+def test_the_fusion_estimate_keeps_the_input_when_it_predicts_more_launches(mlp, monkeypatch):
+    """optimize()'s last check: an estimate (stubbed here) that predicts more launches for the
+    result than for the input keeps the input, and the report says why."""
+    from optimus_egg import pipeline
+
+    gm, inputs = mlp
+    monkeypatch.setattr(pipeline, "fused_launches", lambda g, *a, **k: 3 if g is gm else 4)
+    out = optimus_egg.optimize(gm, inputs, budget_s=5.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.matches.get("batch-linear", 0) > 0 and not report.changed
+    assert report.kept_input == "the fusion estimate predicts 4 launches for the result, 3 for the input"
+    assert report.fallback is None and calls(out, ops.batched_linear) == 0
+    torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
+
+
 def test_input_graph_is_not_modified(mlp):
     gm, inputs = mlp
     before = gm.code
