@@ -4,7 +4,8 @@ The per-node table in launch_cost.py drives extraction; this estimate looks at n
 which a per-node cost cannot, and is what the bench reports as the cost model's predicted
 launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibrate.py`):
 
-- an extern GEMM (mm / addmm / bmm / baddbmm, a linear) or an ATen fallback launches once;
+- an extern GEMM (mm / addmm / bmm / baddbmm, a linear) or an ATen fallback launches once
+  (on CPU every scan, cumsum and its kind, is one);
 - elementwise ops, reductions and copies connected producer -> consumer (through views)
   fuse into one kernel, up to a GEMM, unless another path from the producer to the consumer
   passes through an extern call;
@@ -47,6 +48,9 @@ def _target_name(n: fx.Node, modules: dict) -> str:
 
 
 _MODULE_EXTERN = {"linear", "embeddingbag", "embedding", "conv1d", "conv2d"}
+# Scans: Inductor generates them only where the backend has the SCAN feature (Triton); its C++
+# backend calls ATen's (torch/_inductor/ir.py Scan.create returns None, lowering.py falls back).
+SCANS = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
 
 
 Shape = tuple[int, ...]
@@ -74,7 +78,8 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
             random = True
         elif name in _FREE_TARGETS or name == "getitem" or name == "dropout":
             kind[n] = "view"
-        elif (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name) and not (
+        elif (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name
+              or (table == "cpu" and name in SCANS)) and not (
                 shape_of is not None and _elementwise_gemm(n, name, modules, shape_of, table)):
             kind[n] = "extern"
         else:

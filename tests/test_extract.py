@@ -345,6 +345,24 @@ def test_fused_launches_does_not_fuse_across_an_extern_call():
     assert measured.extern == 1 and fused_launches(gm) == measured.total == 3
 
 
+def _scan(x):
+    return torch.tanh(torch.cumsum(torch.sigmoid(x), 1)) + x
+
+
+def test_fused_launches_counts_a_scan_as_a_call_on_cpu():
+    """Inductor's C++ backend has no scan: cumsum is an ATen call between two kernels (the
+    sigmoid before it, the tanh and add after), 3 launches. The "cuda" table takes it for
+    generated code, as Triton's scan is (not measured: no GPU here)."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(_scan)
+    with torch.no_grad():
+        measured = compile_inductor(gm, [torch.randn(4, 8)], config_patches={"compile_threads": 1}).launches
+    assert measured.fallback + measured.extern == 1 and fused_launches(gm) == measured.total == 3
+    assert fused_launches(gm, table="cuda") == 1  # no call: fused like a reduction
+
+
 def _rows(q, k, x, w, b):
     """A dot product, a one-row linear with K, N <= 16, and a real GEMM, with pointwise ops."""
     s = torch.tanh(q @ torch.cat(torch.split(k, 4, 1), 1).t())  # a split-cat to remove: optimize changes it
