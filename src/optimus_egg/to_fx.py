@@ -228,7 +228,13 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     `classes`, if given, is filled with the e-class each emitted node computes."""
     r = prepared if prepared is not None else prepare(lowered)
     r.g, r.choice = g, ex.choice
-    outs = r.value(g.root)  # emits the effect chain kept alive in the root too
+    # The effect chain (kept alive at the root's end) first: Inductor draws the seeds of every
+    # random op with one call at the first, and launches what is emitted before that call in
+    # kernels of its own.
+    root = g.nodes[ex.choice[g.root]]
+    for c in g.values[root.children[0]][lowered.n_outputs:]:
+        r.value(c)
+    outs = r.value(g.root)
     if classes is not None:
         classes.update((v, c) for c, v in r.env.items() if isinstance(v, fx.Node))
     output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
