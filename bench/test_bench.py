@@ -126,3 +126,17 @@ def test_differential_script_end_to_end(capsys):
     graphs, exact, over, under = (int(v) for v in re.search(
         r"on the (\d+) compiled graphs: exact on (\d+), over on (\d+), under on (\d+)", fusion).groups())
     assert graphs == 3 * compiled == exact + over + under, fusion
+
+
+def test_predicted_launches_is_the_estimate_optimize_checks():
+    """The bench's predicted launches (CSV pred_launches, extraction.py) give the fusion
+    estimate the shapes from_fx propagates, as optimize() does for its input; dcn_v2 holds
+    batched matrix-vector products, which only the shapes tell apart from GEMMs."""
+    from optimus_egg.bench import predicted_launches
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.from_fx import from_fx
+
+    module, inputs = build("dcn_v2")
+    gm = fx.symbolic_trace(module.eval())
+    expected = fused_launches(gm, from_fx(gm, list(inputs), seed_groups=False).shapes.get)
+    assert predicted_launches(gm, inputs) == expected < fused_launches(gm)

@@ -227,18 +227,14 @@ def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any]) -> float:
 
 
 def fx_shapes(gm: fx.GraphModule, inputs: Sequence[Any]):
-    """node -> its tensor shape (None where it is not one), from one run of ``gm`` on copies of
-    ``inputs`` (ShapeProp; the random state and the inputs left as they were)."""
-    from torch.fx.passes.shape_prop import ShapeProp
+    """node -> its tensor shape (None where it is not one), as from_fx propagates them
+    (shapes.propagate_shapes), run on copies of ``inputs`` with the random state restored."""
+    from optimus_egg.shapes import propagate_shapes
 
     copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-    with torch.random.fork_rng(), torch.no_grad():
-        ShapeProp(gm).propagate(*copies)
-
-    def shape_of(n: fx.Node):
-        meta = n.meta.get("tensor_meta")
-        return tuple(meta.shape) if hasattr(meta, "shape") else None
-    return shape_of
+    with torch.random.fork_rng():
+        values = propagate_shapes(gm, copies, mutates=False)
+    return lambda n: getattr(values.get(n), "shape", None)
 
 
 def _report_fields(report) -> dict[str, Any]:
