@@ -49,6 +49,12 @@ def table_for(device_type: str) -> str:
     return device_type if device_type in TABLES else "cpu"
 
 
+def table_of(inputs) -> str:
+    """The table for a graph run on `inputs`: their device's, "cpu" where they are on several."""
+    devices = {x.device.type for x in inputs if hasattr(x, "device") and hasattr(x, "dtype")}
+    return table_for(devices.pop() if len(devices) == 1 else "cpu")
+
+
 def launch_cost(op: str, target_name: str | None = None, table: str = "cpu") -> float:
     """Launches for node `op` under TABLES[table]; template calls pass their FX target's name."""
     price = TABLES[table]

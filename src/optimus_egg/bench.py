@@ -54,7 +54,7 @@ from typing import Any, Callable, Sequence, TextIO
 import torch
 import torch.fx as fx
 
-from optimus_egg.extract.launch_cost import table_for
+from optimus_egg.extract.launch_cost import table_of
 from optimus_egg.measure import _tensors
 
 __all__ = [
@@ -219,9 +219,7 @@ def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any]) -> float:
     from optimus_egg.extract.fusion_cost import fused_launches
 
     try:
-        devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
-        table = table_for(devices.pop() if len(devices) == 1 else "cpu")
-        return float(fused_launches(gm, fx_shapes(gm, inputs), table))
+        return float(fused_launches(gm, fx_shapes(gm, inputs), table_of(inputs)))
     except Exception:  # noqa: BLE001 - an unreadable graph has no prediction
         return math.nan
 

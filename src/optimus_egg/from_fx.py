@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from egglog import EGraph
 
 from optimus_egg import shapes
-from optimus_egg.extract.launch_cost import VIEW_TARGETS, elementwise_linear, elementwise_matmul, table_for
+from optimus_egg.extract.launch_cost import VIEW_TARGETS, elementwise_linear, elementwise_matmul, table_of
 from optimus_egg.seed import quote, register_text
 from optimus_egg.shapes import (
     SYMBOLIC_MIN,
@@ -1195,8 +1195,7 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
         outs.append(prev_effect)  # keeps the last effect (and its chain) alive
     root = _app("outputs", _vec(outs))
     values.finish()  # every node ran: the inputs fit the graph
-    devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
-    lw.cost_table = table_for(devices.pop() if len(devices) == 1 else "cpu")
+    lw.cost_table = table_of(inputs)
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
