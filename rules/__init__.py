@@ -3,6 +3,7 @@ from optimus_egg.rules.batch_binary import batch_binary
 from optimus_egg.rules.batch_layernorm import batch_layernorm
 from optimus_egg.rules.batch_linear import batch_linear
 from optimus_egg.rules.batch_linear_lhs import batch_linear_lhs
+from optimus_egg.rules.batch_matmul import batch_matmul
 from optimus_egg.rules.batch_matmul_lhs import batch_matmul_lhs
 from optimus_egg.rules.batch_pointwise import batch_pointwise
 from optimus_egg.rules.merge_splits import merge_splits
@@ -15,6 +16,7 @@ from optimus_egg.rules.unbind_stack import unbind_stack
 VERTICAL = {"pieces": pieces, "split_cat": split_cat, "unbind_stack": unbind_stack, "merge_splits": merge_splits,
             "mutate_cat": mutate_cat}
 HORIZONTAL = {"batch_linear_lhs": batch_linear_lhs, "batch_matmul_lhs": batch_matmul_lhs,
+              "batch_matmul": batch_matmul,
               "batch_linear": batch_linear, "batch_layernorm": batch_layernorm,
               "batch_pointwise": batch_pointwise, "batch_binary": batch_binary}
 RULESETS = {**VERTICAL, **HORIZONTAL}

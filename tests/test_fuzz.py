@@ -986,6 +986,16 @@ _MORE_LAUNCHES = {
         ("layer_norm", "affine", [2]), ("binary_batch", "mul", 1, [0, 2, 3], 0)),
         "split": "split_neg", "out": "cat", "tap": (2, 2), "block": (2, 1, "autocast_off"), "special": False,
         "dtype": torch.float64, "seed": 35651},
+    # bench/differential.py --all --seed 15: two rounds of attention over one-row parts; the
+    # score rows, batched as one tanh over a stack, were unbound into five extern mm calls
+    # ([1, 1] @ [1, 8]), and Inductor copied each piece of the scores out in a kernel of its
+    # own: 21 launches, 13 for the input. batch_matmul makes the five products one batch of
+    # outer products, which Inductor computes as elementwise code: 1.
+    "score_rows_unbound_into_calls": {"n": 5, "d": 8, "b": 1, "steps": (
+        ("attend", 2, "at", "old", [0, 1, 2, 3, 4]), ("attend", 2, "at", "old", [0, 1, 2, 3, 4]),
+        ("stack_binary", "div", 1, "tanh", [1, 2])),
+        "split": "chunk", "out": "sum", "tap": (1, 0), "block": (2, 1, "cond"), "special": True,
+        "dtype": torch.float64, "seed": 17},
 }
 
 

@@ -957,8 +957,8 @@ class _Lowerer:
                 tid = self.kind[members[0]][1][0]
                 slots = [_app("pointwise_slot", tid, g, out, i) for i in range(len(members))]
             self.facts += slots
-        counts.pop("_groups", None)
         self.seed_lhs_groups(depth, reach, counts)
+        counts.pop("_groups", None)
         return dict(counts)
 
     def seed_lhs_groups(self, depth, reach, counts) -> None:
@@ -992,6 +992,7 @@ class _Lowerer:
             self.facts += [_app("linear_lhs_slot", self.operand(x), g, _vec(sizes), len(shp) - 1, out, i)
                            for i in range(len(members))]
         self.seed_matmul_groups(reach, counts, ancestors)
+        self.seed_batch_matmul_groups(reach, counts, ancestors)
         counts.pop("_lhs", None)
 
     def seed_matmul_groups(self, reach, counts, ancestors: _Ancestors) -> None:
@@ -1028,7 +1029,42 @@ class _Lowerer:
                                     len(shp) - 1, out, i) for i in range(len(members))]
 
 
+    def seed_batch_matmul_groups(self, reach, counts, ancestors: _Ancestors) -> None:
+        """Matmuls (torch.matmul, @: they broadcast over a new leading dim, bmm does not) whose
+        first operands share one shape and dtype, and second operands another, with no path
+        between two of them: one matmul of the stacked operands ([N, *x] @ [N, *y]), unbound.
+        Operands of one rank only (a broadcast across ranks would pair the new dim with a batch
+        dim). Products the target computes as elementwise code join no group: fused with
+        their neighbours, they launch nothing that a batch would save."""
+        buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
+        for n, (x, y, tid) in self.mm_kind.items():
+            xs, ys = self.shapes.get(x), self.shapes.get(y)
+            t = self.templates[tid]
+            if n not in self.expr or n not in self.shapes or xs is None or ys is None:
+                continue
+            if len(xs) < 2 or len(xs) != len(ys) or t.target not in _BROADCAST_MATMUL:
+                continue
+            if elementwise_matmul(xs, ys, self.cost_table):
+                continue
+            buckets[(tid, xs, ys, self.dtype(x), self.dtype(y), n in reach, n.meta.get(PART))].append(n)
+        for candidates in map(self.distinct, buckets.values()):
+            for members in ancestors.independent_sets(candidates) if len(candidates) > 1 else ():
+                if len(members) < 2:
+                    continue
+                counts["matmul"] += 1
+                g = counts["_groups"] = counts.get("_groups", 0) + 1
+                for k in (0, 1):
+                    self.facts.append(_app("set", _app("group_vec", g, k),
+                                           _vec(self.operand(self.mm_kind[m][k]) for m in members)))
+                tid = self.mm_kind[members[0]][2]
+                out = _vec([len(members), *self.shapes[members[0]]])
+                self.facts += [_app("matmul_slot", tid, g, out, i) for i in range(len(members))]
+
+
 _MATMUL = {torch.bmm, torch.matmul, operator.matmul, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default}
+
+
+_BROADCAST_MATMUL = {torch.matmul, operator.matmul, torch.ops.aten.matmul.default, "matmul", "__matmul__"}
 
 
 def _is_matmul(n: fx.Node) -> bool:

@@ -141,6 +141,13 @@ def matmul_lhs_slot(x: Tensor, op: i64Like, g: i64Like, sizes: Vec[i64], dy: i64
     the output's last dim, `out` the wide output's shape."""
 
 
+@function(egg_fn="matmul_slot")
+def matmul_slot(op: i64Like, g: i64Like, out: Vec[i64], i: i64Like) -> Unit:
+    """Member i of group g: independent `call(op, [x, y])` matmuls (matmul, @) whose operands
+    have one shape and dtype per side, operands group_vec(g, 0..1); `out` is the shape of the
+    stacked result [N, *member shape]."""
+
+
 @function(egg_fn="layer_norm_slot")
 def layer_norm_slot(g: i64Like, shape: Vec[i64], eps: f64Like, out: Vec[i64], i: i64Like) -> Unit:
     """Member i of group g: independent same-signature layer norms, operands group_vec(g, 0..2)."""
@@ -223,7 +230,7 @@ CHECK_FACTS = frozenset({"last_operand", "pieces_probe", "pieces_span"})
 
 __all__ = [
     "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "cat_operand", "even_split", "flatten", "movedim", "unflatten", "f64",
-    "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "matmul_lhs_slot", "node", "pieces_from",
+    "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "matmul_lhs_slot", "matmul_slot", "node", "pieces_from",
     "pieces_probe", "pieces_span", "last_operand",
     "pointwise_slot", "shape", "split", "stack", "unbind", "binary_slot", "narrow", "narrow_merge", "narrow_merge_len", "narrow_run",
     "reshape", "split_starts", "squeeze",
@@ -232,5 +239,5 @@ __all__ = [
 # Everything from_fx's seed program may mention, declared to egglog before it runs.
 DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
             linear, layer_norm, cat, stack, split, unbind, movedim, flatten, unflatten, even_split, batched_linear, batched_layer_norm,
-            shape, node, group_vec, linear_slot, linear_lhs_slot, matmul_lhs_slot, layer_norm_slot, pointwise_slot, pieces_from, pieces_probe, pieces_span, last_operand,
+            shape, node, group_vec, linear_slot, linear_lhs_slot, matmul_lhs_slot, matmul_slot, layer_norm_slot, pointwise_slot, pieces_from, pieces_probe, pieces_span, last_operand,
             Tensor.binary, binary_slot, narrow, squeeze, split_starts, narrow_run, reshape, cat_operand]

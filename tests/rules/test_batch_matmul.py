@@ -1,0 +1,94 @@
+import operator
+
+import torch
+from optimus_egg.rules.batch_matmul import batch_matmul
+from optimus_egg.rules.unbind_stack import unbind_stack
+
+from optimus_egg.testing import calls, fired, optimize_with
+
+
+def attend_apart(q1, q2, q3, k1, k2, k3):
+    """Three queries, each over its own keys: three score products of alike operands."""
+    return [torch.softmax(q @ k.t(), -1) for q, k in ((q1, k1), (q2, k2), (q3, k3))]
+
+
+def test_batch_matmul():
+    qs, ks = [torch.randn(4, 8) for _ in range(3)], [torch.randn(6, 8) for _ in range(3)]
+    after, report = optimize_with(attend_apart, batch_matmul, *qs, *ks)
+    assert fired(report, "batch-matmul") and report.groups["matmul"] == 1
+    assert calls(after, operator.matmul) == 1 and calls(after, torch.stack) == 2
+
+
+def test_batch_matmul_of_batched_operands_and_methods():
+    """3-D operands stack to 4-D (matmul broadcasts over the new dim); `x.matmul(y)` groups too,
+    apart from `@` (another op)."""
+
+    def before(a, b, c, d):
+        return a.matmul(b), c.matmul(d), a @ d, c @ b
+
+    a, c = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
+    b, d = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    after, report = optimize_with(before, batch_matmul, a, b, c, d)
+    assert report.matches["batch-matmul"] == 4 and report.groups["matmul"] == 2
+    assert calls(after, "matmul") == 1 and calls(after, operator.matmul) == 1
+
+
+def test_batch_matmul_needs_independent_members():
+    """The second product reads the first: the two stay apart."""
+
+    def before(a, b, c):
+        return torch.matmul(torch.tanh(torch.matmul(a, b)), c)
+
+    a, b, c = torch.randn(4, 4), torch.randn(4, 4), torch.randn(4, 4)
+    after, report = optimize_with(before, batch_matmul, a, b, c)
+    assert "matmul" not in report.groups and calls(after, torch.matmul) == 2
+
+
+def test_batch_matmul_needs_alike_operands():
+    """Operands of another shape, dtype or rank, and bmm (which takes no 4-D operands), group
+    with nothing: only the two fp32 [4, 8] @ [8, 3] products do."""
+
+    def before(a, a2, w, w5, wd, x3, w3):
+        return (torch.matmul(a, w), torch.matmul(a2, w * 2), torch.matmul(a, w5),
+                torch.matmul(a.double(), wd), torch.matmul(x3, w), torch.bmm(x3, w3), torch.bmm(x3 + 1, w3))
+
+    a, a2, w, w5, wd = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8, 3), torch.randn(8, 5), torch.randn(8, 3).double()
+    x3, w3 = torch.randn(2, 4, 8), torch.randn(2, 8, 3)
+    after, report = optimize_with(before, batch_matmul, a, a2, w, w5, wd, x3, w3)
+    assert report.groups["matmul"] == 1 and report.matches["batch-matmul"] == 2
+    assert calls(after, torch.matmul) == 4 and calls(after, torch.bmm) == 2
+
+
+def test_products_that_inductor_computes_elementwise_stay_apart():
+    """Dot products ([1, K] @ [K, 1]) are elementwise code on CPU: no group."""
+
+    def before(q1, q2, k1, k2):
+        return torch.tanh(q1 @ k1.t()), torch.tanh(q2 @ k2.t())
+
+    q1, q2, k1, k2 = (torch.randn(1, 8) for _ in range(4))
+    after, report = optimize_with(before, batch_matmul, q1, q2, k1, k2)
+    assert "matmul" not in report.groups and calls(after, operator.matmul) == 2
+
+
+def attention_rows(x, v):
+    """Five one-row score products (outer products, [1, 1] @ [1, 8]) of a batched score row: an
+    extern mm each for Inductor, which also copies each piece of the scores out apart."""
+    scores = torch.tanh(x @ v.t() / 8)            # [1, 5]
+    rows = scores.t().unsqueeze(1).unbind(0)      # five [1, 1]
+    return torch.cat([rows[i] @ v[i:i + 1] for i in range(5)], 1)
+
+
+def test_batch_matmul_of_outer_products_launches_none():
+    """Batched, the outer products are one [5, 1, 1] @ [5, 1, 8] product, which Inductor's CPU
+    bmm lowering computes as elementwise code: 5 mm calls and their copies go (unbind_stack
+    rejoins the score pieces into the stacked scores)."""
+    from optimus_egg.measure import compile_inductor
+
+    x, v = torch.randn(1, 8), torch.randn(5, 8)
+    gm = torch.fx.symbolic_trace(attention_rows)
+    after, report = optimize_with(gm, (batch_matmul, unbind_stack), x, v)
+    assert fired(report, "batch-matmul") and report.groups["matmul"] == 1
+    with torch.no_grad():
+        before_n, after_n = (compile_inductor(g, [x, v]).launches for g in (gm, after))
+    assert before_n.extern == 6 and after_n.extern == 1, (before_n, after_n)  # the score product stays
+    assert after_n.total < before_n.total
