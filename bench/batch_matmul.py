@@ -3,8 +3,8 @@ and an unbind.
 
 Per-feature target attention (DIN / multi-interest style): each of four behaviour features
 attends with its own interest queries over its own sequence: four score products and four
-weighted sums of alike shapes, none reading another. The operands are slices of the inputs,
-so the batched products read stacked copies of them.
+weighted sums of alike shapes, none reading another. The operands are slices `x[:, i]` of the
+inputs: stacked on dim 1 they are the inputs themselves, so the batched products copy nothing.
 """
 import sys
 

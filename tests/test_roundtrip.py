@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from optimus_egg.extract.graph import serialize
 from optimus_egg.extract.greedy import greedy
 from optimus_egg.from_fx import Unsupported, from_fx
-from optimus_egg.pipeline import node_cost
+from optimus_egg.pipeline import node_cost, optimize
 from optimus_egg.testing import calls
 from optimus_egg.to_fx import prepare, to_fx
 
@@ -502,6 +502,38 @@ def test_aten_slice_lowering(case, source):
     model, lowered = ATEN_SLICES[case]
     out = roundtrip(*SOURCES[source](model, (x46(),)))
     assert _narrows_and_slicings(out) == ((1, 0) if lowered else (0, 1))
+
+
+# x[index] of a [4, 6] x picking one row or column: an int on one dim, every other dim whole.
+SELECTS = {
+    "x[1]": lambda x: x[1] + 1,
+    "x[:, 2]": lambda x: x[:, 2] + 1,
+    "x[..., -1]": lambda x: x[..., -1] + 1,
+    "x.select(1, 3)": lambda x: x.select(1, 3) + 1,
+    "torch.select(x, -2, -1)": lambda x: torch.select(x, -2, -1) + 1,
+}
+
+
+@pytest.mark.parametrize("source", ["fx", "aten"])
+@pytest.mark.parametrize("case", list(SELECTS))
+def test_getitem_select_lowering(case, source):
+    """A select (x[i], x[:, i], x.select(d, i), aten.select.int) is item i of unbind(x, d), so
+    the rules that see through unbind pieces see through it; it comes back as an unbind."""
+    out = roundtrip(*SOURCES[source](SELECTS[case], (x46(),)))
+    assert calls(out, torch.unbind) == 1 and _narrows_and_slicings(out) == (0, 0)
+    assert not [n for n in out.graph.nodes if n.target in ("select", torch.select, aten.select.int)]
+
+
+def test_a_stack_of_every_select_is_a_view():
+    """stack([x[:, i] for i]) on dim 1 is x, on dim 0 movedim(x, 1, 0): no stack copy left."""
+    def f(x):
+        cols = [x[:, i] for i in range(6)]
+        return torch.stack(cols, 1) + 1, torch.stack(cols, 0) * 2
+
+    gm = fx.symbolic_trace(f)
+    out = optimize(gm, [x46()], budget_s=2.0, strict=True)
+    assert calls(out, torch.stack) == 0 and out.meta["optimus_egg"].matches["stack-of-unbind-pieces"] > 0
+    torch.testing.assert_close(out(x46()), gm(x46()))
 
 
 def test_getitem_slice_lowering_dynamo():

@@ -140,6 +140,7 @@ _SPLIT = {torch.split, torch.functional.split, torch.Tensor.split, aten.split.Te
           "split", "split_with_sizes"}
 _CHUNK = {torch.chunk, "chunk", aten.chunk.default}
 _UNBIND = {torch.unbind, "unbind", aten.unbind.int}
+_SELECT = {torch.select, "select", aten.select.int}
 _SQUEEZE = {torch.squeeze, torch.Tensor.squeeze, "squeeze", aten.squeeze.dim}  # with one int dim only
 _NARROW = {torch.narrow, torch.Tensor.narrow, "narrow", aten.narrow.default}
 _ATEN_SLICE = {aten.slice.Tensor}  # x[a:b] as make_fx / export write it; not slice_scatter & co.
@@ -370,6 +371,7 @@ class _Lowerer:
         self.facts: list = []
         self.lets: dict[str, str] = {}          # variable -> Pieces term (see register_text)
         self.uses: dict[int, tuple[str, ...]] = {}  # fact index -> the variables it reads
+        self.selects: dict[tuple[fx.Node, int], str] = {}  # (x, d) -> the variable naming unbind(x, d)
         self.reading: list[str] = []            # variables read by the node being lowered
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}  # symbolic sizes as sentinels (shapes.py)
         self.cats: dict[fx.Node, tuple[int, list[fx.Node]]] = {}  # cat -> (dim, operands)
@@ -590,6 +592,12 @@ class _Lowerer:
                 return None
             self.kind[n] = ("n", self.shapes[x][d])
             return ("pieces", _app("unbind", self.sliced(x), d))
+        if key in _SELECT:
+            x, d, i = self.arg(n, 0, "input" if n.op == "call_function" else "self"), self.arg(n, 1, "dim"), self.arg(n, 2, "index")
+            if type(d) is not int or type(i) is not int or not isinstance(x, fx.Node) or x not in self.shapes:
+                return None
+            d = self.dim(n, d, x)
+            return self.select(x, d, i) if 0 <= d < len(self.shapes[x]) else None
         if key in _SQUEEZE or key in _NARROW:
             return self.make_view(n, key in _NARROW)
         if key in _ATEN_SLICE and n.op == "call_function":
@@ -843,9 +851,41 @@ class _Lowerer:
         clamp to [0, size]); the slice may be empty. Any other index (ints, None, tensors, other
         steps, two cut dims, a computed bound, no cut dim at all) stays a template."""
         x, index = n.args
-        if not isinstance(index, (slice, tuple)):
+        if not isinstance(index, (slice, tuple, int)) or isinstance(index, bool):
             return None
-        return self.narrow_of_index(x, index if isinstance(index, tuple) else (index,))
+        index = index if isinstance(index, tuple) else (index,)
+        if any(type(s) is int for s in index):
+            return self.select_of_index(x, index)
+        return self.narrow_of_index(x, index)
+
+    def select_of_index(self, x, index: tuple):
+        """x[index] for an index of one int (on dim d), full slices and at most one Ellipsis:
+        item i of unbind(x, d), so the rules that see through unbind pieces see through it
+        (a stack of every x[:, i] is a view of x). Any other index stays a template."""
+        if not isinstance(x, fx.Node) or x not in self.shapes:
+            return None
+        shp = self.shapes[x]
+        dots = [k for k, s in enumerate(index) if s is Ellipsis]
+        if len(dots) > 1 or len(index) - len(dots) > len(shp):
+            return None
+        at = dots[0] if dots else len(index)
+        full = [*index[:at], *[slice(None)] * (len(shp) - len(index) + len(dots)), *index[at + 1:]]
+        ints = [d for d, s in enumerate(full) if type(s) is int]
+        if len(ints) != 1 or not all(s == slice(None) for d, s in enumerate(full) if d != ints[0]):
+            return None
+        return self.select(x, ints[0], full[ints[0]])
+
+    def select(self, x: fx.Node, d: int, i: int):
+        """Item i of unbind(x, d), x of static size on d (i may be negative), or None."""
+        size = self.shapes[x][d]
+        if size >= SYMBOLIC_MIN or not -size <= i < size:
+            return None
+        var = self.selects.get((x, d))
+        if var is None:
+            var = self.selects[(x, d)] = f"select_{len(self.selects)}"
+            self.lets[var] = _app("unbind", self.sliced(x), d)
+        self.reading.append(var)
+        return _app("item", var, i % size)
 
     def make_aten_slice(self, n):
         """aten.slice.Tensor(x, dim=0, start=None, end=None, step=1) is x[..., start:end:step] cut on
@@ -1030,35 +1070,61 @@ class _Lowerer:
 
 
     def seed_batch_matmul_groups(self, reach, counts, ancestors: _Ancestors) -> None:
-        """Matmuls (torch.matmul, @: they broadcast over a new leading dim, bmm does not) whose
+        """Matmuls (torch.matmul, @: they broadcast over a new batch dim, bmm does not) whose
         first operands share one shape and dtype, and second operands another, with no path
-        between two of them: one matmul of the stacked operands ([N, *x] @ [N, *y]), unbound.
-        Operands of one rank only (a broadcast across ranks would pair the new dim with a batch
-        dim). Products the target computes as elementwise code join no group: fused with
-        their neighbours, they launch nothing that a batch would save."""
+        between two of them: one matmul of the operands stacked on a batch dim d, unbound. Every
+        batch dim d of the members is seeded (extraction picks: stacking `x[:, i]` on dim 1 is x
+        itself, a copy on dim 0), and second operands that are all transposes of their last two
+        dims are stacked untransposed, the stack then transposed (a view). Operands of one rank
+        only (a broadcast across ranks would pair the new dim with a batch dim). Products the
+        target computes as elementwise code join no group: fused with their neighbours, they
+        launch nothing that a batch would save."""
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, y, tid) in self.mm_kind.items():
             xs, ys = self.shapes.get(x), self.shapes.get(y)
-            t = self.templates[tid]
             if n not in self.expr or n not in self.shapes or xs is None or ys is None:
                 continue
-            if len(xs) < 2 or len(xs) != len(ys) or t.target not in _BROADCAST_MATMUL:
+            if len(xs) < 2 or len(xs) != len(ys) or self.templates[tid].target not in _BROADCAST_MATMUL:
                 continue
             if elementwise_matmul(xs, ys, self.cost_table):
                 continue
-            buckets[(tid, xs, ys, self.dtype(x), self.dtype(y), n in reach, n.meta.get(PART))].append(n)
-        for candidates in map(self.distinct, buckets.values()):
-            for members in ancestors.independent_sets(candidates) if len(candidates) > 1 else ():
+            z = _untransposed(y, self.shapes)
+            key = (tid, xs, ys, self.dtype(x), self.dtype(y), z is not None and z in self.expr, n in reach, n.meta.get(PART))
+            buckets[key].append(n)
+        for (tid, _, _, _, _, transposed, *_), candidates in buckets.items():
+            for members in ancestors.independent_sets(self.distinct(candidates)) if len(candidates) > 1 else ():
                 if len(members) < 2:
                     continue
                 counts["matmul"] += 1
                 g = counts["_groups"] = counts.get("_groups", 0) + 1
-                for k in (0, 1):
-                    self.facts.append(_app("set", _app("group_vec", g, k),
-                                           _vec(self.operand(self.mm_kind[m][k]) for m in members)))
-                tid = self.mm_kind[members[0]][2]
-                out = _vec([len(members), *self.shapes[members[0]]])
-                self.facts += [_app("matmul_slot", tid, g, out, i) for i in range(len(members))]
+                ys = [self.mm_kind[m][1] for m in members]
+                vecs = [[self.mm_kind[m][0] for m in members], ys]
+                if transposed:
+                    vecs.append([_untransposed(y, self.shapes) for y in ys])
+                for k, vec in enumerate(vecs):
+                    self.facts.append(_app("set", _app("group_vec", g, k), _vec(self.operand(a) for a in vec)))
+                shp = self.shapes[members[0]]
+                for d in range(len(shp) - 1):
+                    out = _vec([*shp[:d], len(members), *shp[d:]])
+                    self.facts += [_app("matmul_t_slot", tid, g, d, len(shp), out, i) if transposed else
+                                   _app("matmul_slot", tid, g, d, out, i) for i in range(len(members))]
+
+
+def _untransposed(y: fx.Node, shapes: dict) -> fx.Node | None:
+    """z where y is z with its last two dims swapped (`z.t()`, `z.transpose(-2, -1)` and their
+    spellings), else None."""
+    if y.op not in ("call_method", "call_function") or not y.args or not isinstance(y.args[0], fx.Node):
+        return None
+    z, shp = y.args[0], shapes.get(y.args[0])
+    if shp is None or len(shp) < 2:
+        return None
+    if y.target in ("t", torch.t, torch.ops.aten.t.default):
+        return z if len(shp) == 2 and len(y.args) == 1 and not y.kwargs else None
+    if y.target in ("transpose", torch.transpose, torch.ops.aten.transpose.int) and len(y.args) == 3 and not y.kwargs:
+        a, b = y.args[1:]
+        if type(a) is int and type(b) is int and {a % len(shp), b % len(shp)} == {len(shp) - 2, len(shp) - 1}:
+            return z
+    return None
 
 
 _MATMUL = {torch.bmm, torch.matmul, operator.matmul, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default}

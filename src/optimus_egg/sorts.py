@@ -142,10 +142,18 @@ def matmul_lhs_slot(x: Tensor, op: i64Like, g: i64Like, sizes: Vec[i64], dy: i64
 
 
 @function(egg_fn="matmul_slot")
-def matmul_slot(op: i64Like, g: i64Like, out: Vec[i64], i: i64Like) -> Unit:
+def matmul_slot(op: i64Like, g: i64Like, d: i64Like, out: Vec[i64], i: i64Like) -> Unit:
     """Member i of group g: independent `call(op, [x, y])` matmuls (matmul, @) whose operands
-    have one shape and dtype per side, operands group_vec(g, 0..1); `out` is the shape of the
-    stacked result [N, *member shape]."""
+    have one shape and dtype per side, operands group_vec(g, 0..1), stacked on batch dim `d`;
+    `out` is the shape of the stacked result (N inserted at d)."""
+
+
+@function(egg_fn="matmul_t_slot")
+def matmul_t_slot(op: i64Like, g: i64Like, d: i64Like, last: i64Like, out: Vec[i64], i: i64Like) -> Unit:
+    """As matmul_slot, where every second operand group_vec(g, 1) is group_vec(g, 2)'s member
+    with its last two dims swapped (`k.transpose(-2, -1)`, `k.t()`): the stack of those
+    transposes is the stack of the untransposed operands with its last dims swapped
+    (`movedim(stack, last, last - 1)`, `last` the member rank), a view."""
 
 
 @function(egg_fn="layer_norm_slot")
@@ -230,7 +238,7 @@ CHECK_FACTS = frozenset({"last_operand", "pieces_probe", "pieces_span"})
 
 __all__ = [
     "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "cat_operand", "even_split", "flatten", "movedim", "unflatten", "f64",
-    "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "matmul_lhs_slot", "matmul_slot", "node", "pieces_from",
+    "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "matmul_lhs_slot", "matmul_slot", "matmul_t_slot", "node", "pieces_from",
     "pieces_probe", "pieces_span", "last_operand",
     "pointwise_slot", "shape", "split", "stack", "unbind", "binary_slot", "narrow", "narrow_merge", "narrow_merge_len", "narrow_run",
     "reshape", "split_starts", "squeeze",
@@ -239,5 +247,5 @@ __all__ = [
 # Everything from_fx's seed program may mention, declared to egglog before it runs.
 DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
             linear, layer_norm, cat, stack, split, unbind, movedim, flatten, unflatten, even_split, batched_linear, batched_layer_norm,
-            shape, node, group_vec, linear_slot, linear_lhs_slot, matmul_lhs_slot, matmul_slot, layer_norm_slot, pointwise_slot, pieces_from, pieces_probe, pieces_span, last_operand,
+            shape, node, group_vec, linear_slot, linear_lhs_slot, matmul_lhs_slot, matmul_slot, matmul_t_slot, layer_norm_slot, pointwise_slot, pieces_from, pieces_probe, pieces_span, last_operand,
             Tensor.binary, binary_slot, narrow, squeeze, split_starts, narrow_run, reshape, cat_operand]

@@ -8,20 +8,57 @@ from optimus_egg.testing import calls, fired, optimize_with
 
 
 def attend_apart(q1, q2, q3, k1, k2, k3):
-    """Three queries, each over its own keys: three score products of alike operands."""
-    return [torch.softmax(q @ k.t(), -1) for q, k in ((q1, k1), (q2, k2), (q3, k3))]
+    """Three queries, each over its own keys (stored [d, n]): three products of alike operands."""
+    return [torch.softmax(q @ k, -1) for q, k in ((q1, k1), (q2, k2), (q3, k3))]
 
 
 def test_batch_matmul():
-    qs, ks = [torch.randn(4, 8) for _ in range(3)], [torch.randn(6, 8) for _ in range(3)]
+    qs, ks = [torch.randn(4, 8) for _ in range(3)], [torch.randn(8, 6) for _ in range(3)]
     after, report = optimize_with(attend_apart, batch_matmul, *qs, *ks)
     assert fired(report, "batch-matmul") and report.groups["matmul"] == 1
     assert calls(after, operator.matmul) == 1 and calls(after, torch.stack) == 2
 
 
+def attend_transposed(q1, q2, q3, k1, k2, k3):
+    """Keys stored [n, d], read transposed (`k.t()`, `k.transpose(-2, -1)`)."""
+    return (torch.softmax(q1 @ k1.t(), -1), torch.softmax(q2 @ k2.transpose(-2, -1), -1),
+            torch.softmax(q3 @ k3.transpose(1, 0), -1))
+
+
+def test_batch_matmul_transposed():
+    """The stack of the transposed keys is the stack of the keys, its last dims swapped: a
+    movedim (a view) of one stack, not a stack of transposes."""
+    qs, ks = [torch.randn(4, 8) for _ in range(3)], [torch.randn(6, 8) for _ in range(3)]
+    after, report = optimize_with(attend_transposed, batch_matmul, *qs, *ks)
+    assert fired(report, "batch-matmul-transposed") and not fired(report, "batch-matmul")
+    assert report.groups["matmul"] == 1 and calls(after, operator.matmul) == 1
+    assert calls(after, torch.movedim) == 1 and calls(after, "t") == 0 and calls(after, "transpose") == 0
+
+
+def per_feature_attention(queries, seqs):
+    """Each feature's queries over its own sequence: operands are slices `x[:, i]` of two inputs."""
+    out = []
+    for i in range(3):
+        q, s = queries[:, i], seqs[:, i]
+        out.append(torch.matmul(torch.softmax(torch.matmul(q, s.transpose(1, 2)), -1), s))
+    return torch.cat(out, 2)
+
+
+def test_batch_matmul_stacks_slices_on_their_own_dim():
+    """Stacked on dim 1, the slices `x[:, i]` are x itself (unbind_stack): both products read
+    the inputs uncopied, with no stack of them left."""
+    queries, seqs = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 8)
+    after, report = optimize_with(per_feature_attention, (batch_matmul, unbind_stack), queries, seqs)
+    assert fired(report, "batch-matmul-transposed") and fired(report, "batch-matmul")
+    assert report.groups["matmul"] == 2 and calls(after, torch.matmul) == 2
+    first = next(n for n in after.graph.nodes if n.target is torch.matmul)
+    assert first.args[0].name == "queries" and first.args[1].args[0].name == "seqs"  # matmul(queries, movedim(seqs))
+    assert not any(n.target is torch.stack and n.args[0][0].op == "placeholder" for n in after.graph.nodes)
+
+
 def test_batch_matmul_of_batched_operands_and_methods():
-    """3-D operands stack to 4-D (matmul broadcasts over the new dim); `x.matmul(y)` groups too,
-    apart from `@` (another op)."""
+    """3-D operands stack to 4-D (matmul broadcasts over the new dim, on dim 0 or 1: a match
+    each); `x.matmul(y)` groups too, apart from `@` (another op)."""
 
     def before(a, b, c, d):
         return a.matmul(b), c.matmul(d), a @ d, c @ b
@@ -29,7 +66,7 @@ def test_batch_matmul_of_batched_operands_and_methods():
     a, c = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
     b, d = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
     after, report = optimize_with(before, batch_matmul, a, b, c, d)
-    assert report.matches["batch-matmul"] == 4 and report.groups["matmul"] == 2
+    assert report.matches["batch-matmul"] == 8 and report.groups["matmul"] == 2
     assert calls(after, "matmul") == 1 and calls(after, operator.matmul) == 1
 
 
