@@ -129,3 +129,30 @@ def test_batch_matmul_of_outer_products_launches_none():
         before_n, after_n = (compile_inductor(g, [x, v]).launches for g in (gm, after))
     assert before_n.extern == 6 and after_n.extern == 1, (before_n, after_n)  # the score product stays
     assert after_n.total < before_n.total
+
+
+class _Heads(torch.nn.Module):
+    """Per-head products with parameter keys: batched, the gradients reach every key."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(6, 8)) for _ in range(3))
+
+    def forward(self, x):
+        return torch.cat([torch.tanh(x[:, i] @ k.t()) for i, k in enumerate(self.keys)], 1)
+
+
+def test_batch_matmul_keeps_gradients():
+    torch.manual_seed(0)
+    model, x = _Heads(), torch.randn(4, 3, 8, requires_grad=True)
+    gm = torch.fx.symbolic_trace(model)
+    after, report = optimize_with(gm, batch_matmul, x)
+    assert fired(report, "batch-matmul-transposed") and calls(after, operator.matmul) == 1
+    grads = []
+    for g in (gm, after):
+        model.zero_grad()
+        x.grad = None
+        g(x).square().sum().backward()
+        grads.append([x.grad.clone(), *(k.grad.clone() for k in model.keys)])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
