@@ -518,10 +518,20 @@ SELECTS = {
 @pytest.mark.parametrize("case", list(SELECTS))
 def test_getitem_select_lowering(case, source):
     """A select (x[i], x[:, i], x.select(d, i), aten.select.int) is item i of unbind(x, d), so
-    the rules that see through unbind pieces see through it; it comes back as an unbind."""
+    the rules that see through unbind pieces see through it; an unbind of which only some
+    pieces are read comes back as a select per piece (to_fx._select_sparse_pieces)."""
     out = roundtrip(*SOURCES[source](SELECTS[case], (x46(),)))
-    assert calls(out, torch.unbind) == 1 and _narrows_and_slicings(out) == (0, 0)
-    assert not [n for n in out.graph.nodes if n.target in ("select", torch.select, aten.select.int)]
+    assert calls(out, torch.select) == 1 and calls(out, torch.unbind) == 0
+    assert _narrows_and_slicings(out) == (0, 0)
+
+
+def test_an_unbind_read_whole_stays_an_unbind():
+    """Every piece read: the unbind stays (one call, not a select per piece); x[0] of a long
+    dim is one select, not an unbind of 1,000 rows."""
+    out = roundtrip(*SOURCES["fx"](lambda x: [x[:, i] * (i + 1) for i in range(6)], (x46(),)))
+    assert calls(out, torch.unbind) == 1 and calls(out, torch.select) == 0
+    out = roundtrip(*SOURCES["fx"](lambda x: x[0] + x[-1], (torch.randn(1000, 4),)))
+    assert calls(out, torch.unbind) == 0 and calls(out, torch.select) == 2
 
 
 def test_a_stack_of_every_select_is_a_view():

@@ -402,7 +402,8 @@ def _extract(lowered: Lowered, sat: SaturationReport, prune: bool) -> _Found:
 
 
 def _chosen_part(g: Graph, ex: Extraction) -> Graph:
-    """The nodes an extraction uses and the values they read: all that to_fx needs."""
+    """The nodes an extraction uses, the values they read and the shape facts of their
+    classes: all that to_fx and the fusion estimate need."""
     values, todo = {}, [c for k in ex.choice.values() for c in g.nodes[k].children if c not in g.classes]
     while todo:
         c = todo.pop()
@@ -411,7 +412,8 @@ def _chosen_part(g: Graph, ex: Extraction) -> Graph:
             if isinstance(v, list):
                 todo.extend(e for e in v if e not in g.classes)
     return Graph({k: g.nodes[k] for k in ex.choice.values()}, {c: [k] for c, k in ex.choice.items()},
-                 values, {c: o for c, o in g.origins.items() if c in ex.choice}, g.root)
+                 values, {c: o for c, o in g.origins.items() if c in ex.choice}, g.root,
+                 {c: s for c, s in g.shapes.items() if c in ex.choice})
 
 
 # The search's extraction (serializing the grown e-graph, then greedy's fixpoint) over the seed

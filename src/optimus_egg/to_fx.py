@@ -51,6 +51,7 @@ class _Raiser:
         self.by_size = {size: source for size, source in lowered.symbols.values()}
         self.leaf_nodes: dict[str, fx.Node] = {}
         self.new_nodes: list[fx.Node] = []
+        self.unbinds: dict[fx.Node, int] = {}  # emitted unbind -> its piece count, where known
         for n in lowered.gm.graph.nodes:  # placeholders first, in order, even if unused
             if n.op == "placeholder":
                 p = self.graph.placeholder(n.name, type_expr=n.type,
@@ -168,6 +169,9 @@ class _Raiser:
             node = self.call(torch.unflatten, a[0], a[1], list(a[2]))
         elif op == "unbind":
             node = self.call(torch.unbind, a[0], a[1])
+            shp = self.g.shapes.get(n.children[0])
+            if shp is not None and type(a[1]) is int and -len(shp) <= a[1] < len(shp) and shp[a[1]] < SYMBOLIC_MIN:
+                self.unbinds[node] = shp[a[1]]
         elif op == "reshape":
             node = self.call(torch.reshape, a[0], list(a[1]))
         elif op == "narrow":
@@ -235,10 +239,11 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     for c in g.values[root.children[0]][lowered.n_outputs:]:
         r.value(c)
     outs = r.value(g.root)
-    if classes is not None:
-        classes.update((v, c) for c, v in r.env.items() if isinstance(v, fx.Node))
     output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
     r.graph.output(output_args)
+    selects = _select_sparse_pieces(r.graph, r.unbinds)
+    if classes is not None:
+        classes.update((selects.get(v, v), c) for c, v in r.env.items() if isinstance(v, fx.Node) and selects.get(v, v))
     for node in r.prebuilt:
         if not node.users:
             r.graph.erase_node(node)
@@ -255,6 +260,31 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     if example_inputs is not None and dynamo_meta and not has_symbolic_sizes(lowered.gm):
         fill_meta(gm, example_inputs, uses_example_value=True)
     return gm
+
+
+def _select_sparse_pieces(graph: fx.Graph, unbinds: dict[fx.Node, int]) -> dict[fx.Node, fx.Node]:
+    """An unbind of which only some pieces are read becomes a select per piece read: from_fx
+    lowers `x[0]` as item 0 of unbind(x, 0), and an unbind of a long dim would make a view
+    per row on every call (and a select per row for Inductor to lower). Returns the getitems
+    replaced, each mapped to its select, and the unbinds erased, mapped to None."""
+    replaced: dict[fx.Node, fx.Node | None] = {}
+    for u, size in unbinds.items():
+        users = list(u.users)
+        if not all(v.target is operator.getitem and type(v.args[1]) is int for v in users):
+            continue
+        if len({v.args[1] % size for v in users}) == size:
+            continue
+        x, d = u.args
+        for v in users:
+            with graph.inserting_before(v):
+                sel = graph.call_function(torch.select, (x, d, v.args[1]))
+            sel.meta = v.meta
+            v.replace_all_uses_with(sel)
+            graph.erase_node(v)
+            replaced[v] = sel
+        graph.erase_node(u)
+        replaced[u] = None
+    return replaced
 
 
 def _attr_targets(graph: fx.Graph) -> list[str]:
