@@ -457,3 +457,18 @@ def test_optimize_leaves_its_work_to_reference_counting(split_model):
         gc.enable()
     assert out.meta["optimus_egg"].changed
     assert garbage < 1000, garbage  # a few hundred egglog declarations; a leaked e-graph is thousands
+
+
+def test_a_lone_select_comes_back_a_select_from_the_search():
+    """The search's result (a worker's chosen graph, with its classes' shape facts) turns an
+    unbind of which one piece is read back into a select; a stack of every piece is a view."""
+    def f(x):
+        return torch.stack([x[:, i] for i in range(4)], 0).tanh(), x[0] * 2
+
+    x = torch.randn(3, 4, 5)
+    gm = fx.symbolic_trace(f)
+    out = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True)
+    assert out.meta["optimus_egg"].changed and calls(out, torch.stack) == 0
+    assert calls(out, torch.select) == 1 and calls(out, torch.unbind) == 0
+    for a, b in zip(out(x), gm(x)):
+        torch.testing.assert_close(a, b)
