@@ -1068,7 +1068,6 @@ class _Lowerer:
                 self.facts += [_app("matmul_lhs_slot", self.operand(x), tid, g, _vec(sizes), len(self.shapes[ys[0]]) - 1,
                                     len(shp) - 1, out, i) for i in range(len(members))]
 
-
     def seed_batch_matmul_groups(self, reach, counts, ancestors: _Ancestors) -> None:
         """Matmuls (torch.matmul, @: they broadcast over a new batch dim, bmm does not) whose
         first operands share one shape and dtype, and second operands another, with no path
@@ -1128,8 +1127,6 @@ def _untransposed(y: fx.Node, shapes: dict) -> fx.Node | None:
 
 
 _MATMUL = {torch.bmm, torch.matmul, operator.matmul, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default}
-
-
 _BROADCAST_MATMUL = {torch.matmul, operator.matmul, torch.ops.aten.matmul.default, "matmul", "__matmul__"}
 
 

@@ -262,7 +262,7 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     return gm
 
 
-def _select_sparse_pieces(graph: fx.Graph, unbinds: dict[fx.Node, int]) -> dict[fx.Node, fx.Node]:
+def _select_sparse_pieces(graph: fx.Graph, unbinds: dict[fx.Node, int]) -> dict[fx.Node, fx.Node | None]:
     """An unbind of which only some pieces are read becomes a select per piece read: from_fx
     lowers `x[0]` as item 0 of unbind(x, 0), and an unbind of a long dim would make a view
     per row on every call (and a select per row for Inductor to lower). Returns the getitems
