@@ -1054,6 +1054,10 @@ FIRING = {
     "attend_aten_mm": (_prog([("attend", 0, "matmul", "old", (0, 1, 2))]), "make_fx", ["batch-linear-lhs"], []),
     # x is part 0, updated first: the later products read it, so none share a query
     "attend_chain": (_prog([("attend", 0, "matmul", "chain", (0, 1))]), "fx", [], ["batch-matmul-lhs"]),
+    # the weighted sums (tanh(score) @ p_i) are alike and independent; so are the score
+    # products x @ p_i.t(), whose keys come transposed
+    "attend_batch": (_prog([("attend", 0, "at", "old", (0, 1, 2))]), "fx",
+                     ["batch-matmul", "batch-matmul-transposed"], []),
 }
 DROPOUT_EVAL = [("dropout_eval", how, (0, 1, 2)) for how in ["F_eval", "torch_eval", "module", "p0", "self_training"]]
 
