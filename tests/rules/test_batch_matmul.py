@@ -156,3 +156,21 @@ def test_batch_matmul_keeps_gradients():
         grads.append([x.grad.clone(), *(k.grad.clone() for k in model.keys)])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+
+
+def test_batch_matmul_through_dynamo():
+    """Dynamo's graph (inputs as placeholders, selects as getitems) batches alike."""
+    reports = []
+
+    def backend(gm, example_inputs):
+        from optimus_egg.pipeline import optimize
+
+        out = optimize(gm, example_inputs, budget_s=2.0, strict=True)
+        reports.append(out.meta["optimus_egg"])
+        return out.forward
+
+    torch._dynamo.reset()
+    queries, seqs = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 8)
+    compiled = torch.compile(per_feature_attention, backend=backend)
+    torch.testing.assert_close(compiled(queries, seqs), per_feature_attention(queries, seqs))
+    assert fired(reports[0], "batch-matmul") and fired(reports[0], "batch-matmul-transposed")
