@@ -862,14 +862,9 @@ class _Lowerer:
         """x[index] for an index of one int (on dim d), full slices and at most one Ellipsis:
         item i of unbind(x, d), so the rules that see through unbind pieces see through it
         (a stack of every x[:, i] is a view of x). Any other index stays a template."""
-        if not isinstance(x, fx.Node) or x not in self.shapes:
+        full = _per_dim(index, self.shapes[x]) if isinstance(x, fx.Node) and x in self.shapes else None
+        if full is None:
             return None
-        shp = self.shapes[x]
-        dots = [k for k, s in enumerate(index) if s is Ellipsis]
-        if len(dots) > 1 or len(index) - len(dots) > len(shp):
-            return None
-        at = dots[0] if dots else len(index)
-        full = [*index[:at], *[slice(None)] * (len(shp) - len(index) + len(dots)), *index[at + 1:]]
         ints = [d for d, s in enumerate(full) if type(s) is int]
         if len(ints) != 1 or not all(s == slice(None) for d, s in enumerate(full) if d != ints[0]):
             return None
@@ -903,12 +898,8 @@ class _Lowerer:
         if not isinstance(x, fx.Node) or x not in self.shapes:
             return None  # not a tensor (a tuple of split pieces, a torch.Size), or a dynamic shape
         shp = self.shapes[x]
-        dots = [k for k, s in enumerate(index) if s is Ellipsis]
-        if len(dots) > 1 or len(index) - len(dots) > len(shp):
-            return None
-        at = dots[0] if dots else len(index)
-        slices = [*index[:at], *[slice(None)] * (len(shp) - len(index) + len(dots)), *index[at + 1:]]
-        if not all(isinstance(s, slice) and all(_static_int(v) for v in (s.start, s.stop, s.step))
+        slices = _per_dim(index, shp)
+        if slices is None or not all(isinstance(s, slice) and all(_static_int(v) for v in (s.start, s.stop, s.step))
                    and s.step in (None, 1) for s in slices):
             return None
         bounds = [s.indices(size)[:2] for s, size in zip(slices, shp)]
@@ -1107,6 +1098,16 @@ class _Lowerer:
                     out = _vec([*shp[:d], len(members), *shp[d:]])
                     self.facts += [_app("matmul_t_slot", tid, g, d, len(shp), out, i) if transposed else
                                    _app("matmul_slot", tid, g, d, out, i) for i in range(len(members))]
+
+
+def _per_dim(index: tuple, shp: tuple[int, ...]) -> list | None:
+    """An index tuple with at most one Ellipsis as one entry per dim of a tensor of shape
+    `shp` (the Ellipsis and the missing trailing dims whole), or None if it names more dims."""
+    dots = [k for k, s in enumerate(index) if s is Ellipsis]
+    if len(dots) > 1 or len(index) - len(dots) > len(shp):
+        return None
+    at = dots[0] if dots else len(index)
+    return [*index[:at], *[slice(None)] * (len(shp) - len(index) + len(dots)), *index[at + 1:]]
 
 
 def _untransposed(y: fx.Node, shapes: dict) -> fx.Node | None:
