@@ -848,8 +848,9 @@ class _Lowerer:
         is a slice, or a tuple of slices and at most one Ellipsis, whose slices all have int / None
         bounds and step 1 / None, and exactly one of them (on dim d) leaves out part of its dim.
         Bounds are normalized as Python and torch slicing do (a negative one wraps, then both
-        clamp to [0, size]); the slice may be empty. Any other index (ints, None, tensors, other
-        steps, two cut dims, a computed bound, no cut dim at all) stays a template."""
+        clamp to [0, size]); the slice may be empty. An index of one int and whole dims is a
+        select (select_of_index). Any other index (ints with slices that cut, None, tensors,
+        other steps, two cut dims, a computed bound, no cut dim at all) stays a template."""
         x, index = n.args
         if not isinstance(index, (slice, tuple, int)) or isinstance(index, bool):
             return None
