@@ -365,7 +365,7 @@ SLICES = {
     "x[:, [0, 2]]": (lambda x: x[:, [0, 2]] + 1, 0, 0),
     "x[:, :x.size(1) - 1]": (lambda x: x[:, :x.size(1) - 1] + 1, 0, 1),  # a bound computed in the graph (fx)
     "x.shape[1:]": (lambda x: x.new_ones(x.shape[1:]) * x, 0, 0),        # a torch.Size, not a tensor
-    "split(x)[1:]": (lambda x: torch.cat(torch.split(x, 2, 1)[1:], 1), 0, 0),  # a tuple, not a tensor
+    "split(x)[::-1]": (lambda x: torch.cat(torch.split(x, 2, 1)[::-1], 1), 0, 0),  # a tuple, not a tensor
 }
 
 # The ATen slicing ops called by name on a [4, 6] x -> (model, whether from_fx lowers it to a
@@ -532,6 +532,23 @@ def test_an_unbind_read_whole_stays_an_unbind():
     assert calls(out, torch.unbind) == 1 and calls(out, torch.select) == 0
     out = roundtrip(*SOURCES["fx"](lambda x: x[0] + x[-1], (torch.randn(1000, 4),)))
     assert calls(out, torch.unbind) == 0 and calls(out, torch.select) == 2
+
+
+def test_a_split_read_in_part_comes_back_as_narrows():
+    """A split of which only some pieces are read comes back as a narrow per piece read
+    (to_fx._narrow_splits); read whole it stays one split."""
+    def part(x):
+        pieces = torch.split(x.sigmoid(), [1, 2, 3], 1)
+        return pieces[0] + 1, pieces[2] * 2
+
+    def whole(x):
+        pieces = torch.split(x.sigmoid(), [1, 2, 3], 1)
+        return [pieces[i] * (i + 1) for i in range(3)]
+
+    out = roundtrip(*SOURCES["fx"](part, (x46(),)))
+    assert calls(out, torch.split) == 0 and calls(out, torch.narrow) == 2
+    out = roundtrip(*SOURCES["fx"](whole, (x46(),)))
+    assert calls(out, torch.split) == 1 and calls(out, torch.narrow) == 0
 
 
 def test_a_stack_of_every_select_is_a_view():

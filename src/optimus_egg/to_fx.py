@@ -23,7 +23,7 @@ from torch.fx.graph_module import (
 from optimus_egg import ops
 from optimus_egg.extract.graph import Graph
 from optimus_egg.extract.greedy import Extraction
-from optimus_egg.from_fx import PART, Lowered, Slot
+from optimus_egg.from_fx import PART, Lowered, Slot, _draws_random, _submodules
 from optimus_egg.shapes import SYMBOLIC_MIN, has_symbolic_sizes
 
 _META_KEYS = ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack", PART)
@@ -52,6 +52,7 @@ class _Raiser:
         self.leaf_nodes: dict[str, fx.Node] = {}
         self.new_nodes: list[fx.Node] = []
         self.unbinds: dict[fx.Node, int] = {}  # emitted unbind -> its piece count, where known
+        self.splits: list[fx.Node] = []  # emitted splits with constant sizes
         for n in lowered.gm.graph.nodes:  # placeholders first, in order, even if unused
             if n.op == "placeholder":
                 p = self.graph.placeholder(n.name, type_expr=n.type,
@@ -161,6 +162,8 @@ class _Raiser:
             node = self.call(torch.stack, list(a[0]), a[1])
         elif op == "split":
             node = self.call(torch.split, a[0], list(a[1]), a[2])
+            if all(type(k) is int for k in a[1]):
+                self.splits.append(node)
         elif op == "movedim":
             node = self.call(torch.movedim, a[0], a[1], a[2])
         elif op == "flatten":
@@ -241,7 +244,7 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     outs = r.value(g.root)
     output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
     r.graph.output(output_args)
-    selects = _select_sparse_pieces(r.graph, r.unbinds)
+    selects = _select_sparse_pieces(r.graph, r.unbinds) | _narrow_splits(r.graph, r.splits, _submodules(lowered.gm))
     if classes is not None:
         classes.update((selects.get(v, v), c) for c, v in r.env.items() if isinstance(v, fx.Node) and selects.get(v, v))
     for node in r.prebuilt:
@@ -284,6 +287,35 @@ def _select_sparse_pieces(graph: fx.Graph, unbinds: dict[fx.Node, int]) -> dict[
             replaced[v] = sel
         graph.erase_node(u)
         replaced[u] = None
+    return replaced
+
+
+def _narrow_splits(graph: fx.Graph, splits: list[fx.Node], modules: dict) -> dict[fx.Node, fx.Node | None]:
+    """A split becomes a narrow per piece read where only some pieces are read (as unbinds
+    become selects, above) or where a random op (a dropout) reads a piece. Inductor computes a
+    tensor in a kernel of its own where a random op reads it through a split piece and anything
+    else reads it too (through another piece, or whole); through narrows it fuses (measured:
+    one launch fewer on programs of `bench/differential.py --all`, seeds 15 and 16). Returns the
+    getitems replaced, each mapped to its narrow, and the splits erased (None)."""
+    replaced: dict[fx.Node, fx.Node | None] = {}
+    for s in splits:
+        x, sizes, d = s.args
+        users = list(s.users)
+        if not all(v.target is operator.getitem and type(v.args[1]) is int for v in users):
+            continue
+        if (len({v.args[1] % len(sizes) for v in users}) == len(sizes)
+                and not any(_draws_random(u, modules) for v in users for u in v.users)):
+            continue
+        for v in users:
+            i = v.args[1] % len(sizes)
+            with graph.inserting_before(v):
+                piece = graph.call_function(torch.narrow, (x, d, sum(sizes[:i]), sizes[i]))
+            piece.meta = v.meta
+            v.replace_all_uses_with(piece)
+            graph.erase_node(v)
+            replaced[v] = piece
+        graph.erase_node(s)
+        replaced[s] = None
     return replaced
 
 
