@@ -71,19 +71,9 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
             continue
         if n.op == "output":
             continue
-        name = _target_name(n, modules)
         ins = [a for a in n.all_input_nodes if a in kind]
-        if name == "dropout" and _active_dropout(n, modules) or name in RANDOM:
-            kind[n] = "compute"
-            random = True
-        elif name in _FREE_TARGETS or name == "getitem" or name == "dropout":
-            kind[n] = "view"
-        elif (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name
-              or (table == "cpu" and name in SCANS)) and not (
-                shape_of is not None and _elementwise_gemm(n, name, modules, shape_of, table)):
-            kind[n] = "extern"
-        else:
-            kind[n] = "compute"
+        kind[n] = node_kind(n, modules, shape_of, table)
+        random = random or _draws(n, modules)
         leafy[n] = all(leafy.get(a, False) for a in ins) and kind[n] != "extern"
 
     parent: dict[fx.Node, fx.Node] = {}
@@ -139,6 +129,29 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
     externs = sum(1 for k in kind.values() if k == "extern")
     kernels = sum(math.ceil(s / MAX_FUSION) for s in sizes.values())
     return externs + kernels + math.ceil(lonely_copies / MAX_FUSION) + random
+
+
+def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None = None,
+              table: str = "cpu") -> str:
+    """How Inductor computes a node: "leaf" (a graph input or parameter), "view", "extern" (a
+    call of its own) or "compute" (code it generates and fuses)."""
+    if n.op in ("placeholder", "get_attr"):
+        return "leaf"
+    name = _target_name(n, modules)
+    if _draws(n, modules):
+        return "compute"
+    if name in _FREE_TARGETS or name == "getitem" or name == "dropout":
+        return "view"
+    if (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name
+            or (table == "cpu" and name in SCANS)) and not (
+            shape_of is not None and _elementwise_gemm(n, name, modules, shape_of, table)):
+        return "extern"
+    return "compute"
+
+
+def _draws(n: fx.Node, modules: dict) -> bool:
+    name = _target_name(n, modules)
+    return name == "dropout" and _active_dropout(n, modules) or name in RANDOM
 
 
 def _extern_paths(gm: fx.GraphModule, kind: dict[fx.Node, str]) -> Callable[[fx.Node, fx.Node], bool]:

@@ -998,8 +998,13 @@ _MORE_LAUNCHES = {
         "dtype": torch.float64, "seed": 17},
     # bench/differential.py --all --seed 15: two dropouts read pieces of a split of a computed
     # cat whose third piece is an output; Inductor computed the cat in a kernel of its own: 3
-    # launches, 2 for the input. A split a random op reads comes back as narrows
+    # launches, 2 for the input. A split of a computed tensor comes back as narrows
     # (to_fx._narrow_splits): 2.
+    # bench/differential.py --all --seed 15: a tanh over a cat, split into four pieces of which
+    # two feed extern mm calls; the split was the tanh's one reader, so Inductor computed those
+    # pieces each in a buffer of its own, one in a kernel of its own: 10 launches, 9 for the
+    # input. As narrows the tanh is computed once (to_fx._narrow_splits): 9.
+    "tanh_pieces_into_extern_calls": {'n': 4, 'd': 8, 'b': 3, 'steps': (('layer_norm', 'affine', [1]), ('dropout', 'torch.dropout', [2]), ('uneven', 'tanh', (3, 4, 4, 2, 5, 13, 1)), ('attend', 0, 'matmul', 'chain', [0, 3]), ('broadcast', 'div', 'row0', [0, 1, 2, 3]), ('uneven', 'mul_scalar', (6, 18, 1, 3, 2, 2))), 'split': 'method_split', 'out': 'sum', 'tap': None, 'block': None, 'special': False, 'dtype': torch.float64, 'seed': 400},
     "dropouts_of_split_pieces": {'n': 3, 'd': 4, 'b': 3, 'steps': (('nested', 'silu', {'sizes1': (2, 8, 1, 1), 'j': 0, 'sizes2': (1, 1), 'spell1': ('narrow_neg', 'slice', 'narrow', 'narrow_neg'), 'spell2': 'narrow', 'flags': (False, True, True, False, False), 'cut': 1, 'dim': 1}), ('dropout', 'module', [0, 1]), ('regroup', 'cat_chunk'), ('binary', 0, 2, 'sub', 0)), 'split': 'method_split', 'out': 'sum', 'tap': (2, 2), 'block': (1, 3, 'autocast_off'), 'special': True, 'dtype': torch.float32, 'seed': 843},
 }
 
@@ -1025,7 +1030,7 @@ def test_a_program_optimize_compiled_to_more_launches_no_longer_does(name):
 # (ablation.rewrite_greedily) than for optimize()'s. bench/differential.py --all --seed 16: a
 # dropout read a sigmoid through the one piece read of a split, and the sigmoid fed other
 # pieces too; Inductor computed it in a kernel of its own (3 launches, the ablation's 2). A
-# split read in part, or read by a random op, comes back as narrows (to_fx._narrow_splits): 2.
+# split of a computed tensor comes back as narrows (to_fx._narrow_splits): 2.
 _ABLATION_FEWER = {
     "dropout_of_a_split_piece": {'n': 3, 'd': 4, 'b': 1, 'steps': (('regroup', 'stack0_unbind0'), ('uneven', 'sigmoid', (4, 3, 2, 1, 2)), ('dropout', 'torch.dropout', [0]), ('linear', 'shared_fn', True, [2]), ('nested', 'add_scalar', {'sizes1': (8, 2, 1, 1), 'j': 1, 'sizes2': (1, 1), 'spell1': ('split', 'slice_neg', 'slice', 'slice'), 'spell2': 'slice', 'flags': (False, True, False, False, False), 'cut': 1, 'dim': 1}), ('regroup', 'stack0_unbind0'), ('nested', 'add_scalar', {'sizes1': (11, 1), 'j': 0, 'sizes2': (3, 5, 1, 1, 1), 'spell1': ('narrow', 'split'), 'spell2': 'narrow', 'flags': (False, False, False, False, False, False), 'cut': 6, 'dim': -1}), ('dropout', 'module', [0])), 'split': 'split_neg', 'out': 'tuple', 'tap': None, 'block': (4, 1, 'checkpoint'), 'special': False, 'dtype': torch.float64, 'seed': 247},
 }

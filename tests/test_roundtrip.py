@@ -534,21 +534,24 @@ def test_an_unbind_read_whole_stays_an_unbind():
     assert calls(out, torch.unbind) == 0 and calls(out, torch.select) == 2
 
 
-def test_a_split_read_in_part_comes_back_as_narrows():
-    """A split of which only some pieces are read comes back as a narrow per piece read
-    (to_fx._narrow_splits); read whole it stays one split."""
-    def part(x):
-        pieces = torch.split(x.sigmoid(), [1, 2, 3], 1)
-        return pieces[0] + 1, pieces[2] * 2
-
-    def whole(x):
+def test_a_split_comes_back_as_narrows_unless_read_whole_from_a_buffer():
+    """A split of a computed tensor, or of which only some pieces are read, comes back as a
+    narrow per piece read (to_fx._narrow_splits); a split of an input read whole stays one."""
+    def computed(x):
         pieces = torch.split(x.sigmoid(), [1, 2, 3], 1)
         return [pieces[i] * (i + 1) for i in range(3)]
 
-    out = roundtrip(*SOURCES["fx"](part, (x46(),)))
-    assert calls(out, torch.split) == 0 and calls(out, torch.narrow) == 2
-    out = roundtrip(*SOURCES["fx"](whole, (x46(),)))
-    assert calls(out, torch.split) == 1 and calls(out, torch.narrow) == 0
+    def part(x):
+        pieces = torch.split(x, [1, 2, 3], 1)
+        return pieces[0] + 1, pieces[2] * 2
+
+    def whole(x):
+        pieces = torch.split(x, [1, 2, 3], 1)
+        return [pieces[i] * (i + 1) for i in range(3)]
+
+    for f, narrows in ((computed, 3), (part, 2), (whole, 0)):
+        out = roundtrip(*SOURCES["fx"](f, (x46(),)))
+        assert (calls(out, torch.split), calls(out, torch.narrow)) == (int(not narrows), narrows), f.__name__
 
 
 def test_a_stack_of_every_select_is_a_view():

@@ -216,13 +216,12 @@ def _submodules(gm: fx.GraphModule | None) -> dict[str, torch.nn.Module]:
 
 
 def _submodule(node: fx.Node, modules: dict | None):
-    """The module a call_module node calls: from `modules`, else from the graph's owning module
-    (None without either)."""
-    mod = modules.get(node.target) if modules is not None and isinstance(node.target, str) else None
-    if mod is not None:
-        return mod
+    """The module a call_module node calls (None without an owning module)."""
     gm = node.graph.owning_module
-    return gm.get_submodule(node.target) if gm is not None else None
+    if gm is None:
+        return None
+    mod = modules.get(node.target) if modules is not None and isinstance(node.target, str) else None
+    return mod if mod is not None else gm.get_submodule(node.target)
 
 
 def _is_mutation(node: fx.Node, modules: dict | None = None) -> bool:

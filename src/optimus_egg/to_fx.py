@@ -21,9 +21,10 @@ from torch.fx.graph_module import (
 )
 
 from optimus_egg import ops
+from optimus_egg.extract.fusion_cost import node_kind
 from optimus_egg.extract.graph import Graph
 from optimus_egg.extract.greedy import Extraction
-from optimus_egg.from_fx import PART, Lowered, Slot, _draws_random, _submodules
+from optimus_egg.from_fx import PART, Lowered, Slot, _submodules
 from optimus_egg.shapes import SYMBOLIC_MIN, has_symbolic_sizes
 
 _META_KEYS = ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack", "source_fn_stack", PART)
@@ -291,20 +292,22 @@ def _select_sparse_pieces(graph: fx.Graph, unbinds: dict[fx.Node, int]) -> dict[
 
 
 def _narrow_splits(graph: fx.Graph, splits: list[fx.Node], modules: dict) -> dict[fx.Node, fx.Node | None]:
-    """A split becomes a narrow per piece read where only some pieces are read (as unbinds
-    become selects, above) or where a random op (a dropout) reads a piece. Inductor computes a
-    tensor in a kernel of its own where a random op reads it through a split piece and anything
-    else reads it too (through another piece, or whole); through narrows it fuses (measured:
-    one launch fewer on programs of `bench/differential.py --all`, seeds 15 and 16). Returns the
-    getitems replaced, each mapped to its narrow, and the splits erased (None)."""
+    """A split of a tensor that Inductor computes in generated code (not a graph input, a
+    parameter or an extern call's result, looking through views) becomes a narrow per piece
+    read, and so does a split of which only some pieces are read (as unbinds become selects,
+    above). Inductor decides whether to compute a tensor once into a buffer or again inside
+    each reader by counting the readers of its FX node, and a split is one reader however many
+    pieces are read: measured on programs of `bench/differential.py --all`, a dropout reading a
+    split piece (seeds 15 and 16: 3 -> 2 launches) and a tanh whose pieces feed extern mm calls
+    (seed 15: 10 -> 9), and interformer's training graph (113 -> 111). Returns the getitems
+    replaced, each mapped to its narrow, and the splits erased (None)."""
     replaced: dict[fx.Node, fx.Node | None] = {}
     for s in splits:
         x, sizes, d = s.args
         users = list(s.users)
         if not all(v.target is operator.getitem and type(v.args[1]) is int for v in users):
             continue
-        if (len({v.args[1] % len(sizes) for v in users}) == len(sizes)
-                and not any(_draws_random(u, modules) for v in users for u in v.users)):
+        if len({v.args[1] % len(sizes) for v in users}) == len(sizes) and not _computed(x, modules):
             continue
         for v in users:
             i = v.args[1] % len(sizes)
@@ -317,6 +320,13 @@ def _narrow_splits(graph: fx.Graph, splits: list[fx.Node], modules: dict) -> dic
         graph.erase_node(s)
         replaced[s] = None
     return replaced
+
+
+def _computed(x: fx.Node, modules: dict) -> bool:
+    """Is x, looking through views, computed by code Inductor generates?"""
+    while (kind := node_kind(x, modules)) == "view" and x.all_input_nodes:
+        x = x.all_input_nodes[0]
+    return kind == "compute"
 
 
 def _attr_targets(graph: fx.Graph) -> list[str]:
