@@ -1033,6 +1033,12 @@ def test_a_program_optimize_compiled_to_more_launches_no_longer_does(name):
 # split of a computed tensor comes back as narrows (to_fx._narrow_splits): 2.
 _ABLATION_FEWER = {
     "dropout_of_a_split_piece": {'n': 3, 'd': 4, 'b': 1, 'steps': (('regroup', 'stack0_unbind0'), ('uneven', 'sigmoid', (4, 3, 2, 1, 2)), ('dropout', 'torch.dropout', [0]), ('linear', 'shared_fn', True, [2]), ('nested', 'add_scalar', {'sizes1': (8, 2, 1, 1), 'j': 1, 'sizes2': (1, 1), 'spell1': ('split', 'slice_neg', 'slice', 'slice'), 'spell2': 'slice', 'flags': (False, True, False, False, False), 'cut': 1, 'dim': 1}), ('regroup', 'stack0_unbind0'), ('nested', 'add_scalar', {'sizes1': (11, 1), 'j': 0, 'sizes2': (3, 5, 1, 1, 1), 'spell1': ('narrow', 'split'), 'spell2': 'narrow', 'flags': (False, False, False, False, False, False), 'cut': 6, 'dim': -1}), ('dropout', 'module', [0])), 'split': 'split_neg', 'out': 'tuple', 'tap': None, 'block': (4, 1, 'checkpoint'), 'special': False, 'dtype': torch.float64, 'seed': 247},
+    # bench/differential.py --all --seed 14: three linears of one weight read the pieces of a
+    # batched matmul; batch_linear's groups, cut by depth in the input, held two of them, and
+    # the third stayed a GEMM of its own: 12 launches, the ablation's (lowering again after
+    # batch_matmul, all three at one depth) 10. linear-of-unbind-piece makes the three one
+    # linear of the whole matmul: 9.
+    "linear_per_piece_of_a_batch": {'n': 3, 'd': 3, 'b': 4, 'steps': (('nested', 'tanh', {'sizes1': (4, 5), 'j': 1, 'sizes2': (2, 1, 2), 'spell1': ('slice', 'split'), 'spell2': 'method_split', 'flags': (False, False, False, False), 'cut': 3, 'dim': -1}), ('opaque', 'wrapped', 2), ('dropout', 'module', [0, 1]), ('fanout', 1, False, [0, 1]), ('attend', 2, 'at', 'chain', [0, 1, 2]), ('linear', 'shared_fn', False, [0, 1, 2]), ('inplace', 'clone_add', 2), ('dropout', 'module', [0, 1, 2])), 'split': 'cat_rows', 'out': 'stack', 'tap': None, 'block': None, 'special': False, 'dtype': torch.float32, 'seed': 6416},
 }
 
 

@@ -376,7 +376,7 @@ class _Lowerer:
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}  # symbolic sizes as sentinels (shapes.py)
         self.cats: dict[fx.Node, tuple[int, list[fx.Node]]] = {}  # cat -> (dim, operands)
         self.symbols = size_symbols(gm)
-        self.shape_seeded: set[fx.Node] = set()  # values whose shape fact is seeded (see sliced)
+        self.shape_seeded: set[fx.Node | str] = set()  # values whose shape fact is seeded (see sliced)
         self.effects = _ordered_effects(gm.graph, self.modules, mutated)
         self.effect_set = set(self.effects)
         self.kind: dict[fx.Node, tuple] = {}   # node -> (family, key, payload) for grouping
@@ -670,6 +670,10 @@ class _Lowerer:
             return None
         e = _app("linear", self.operand(x), self.leaf_or_operand(w), self.leaf_or_operand(b))
         xs, ws = self.shapes.get(x), self.shape_of(w)
+        if ws is not None and w not in self.shape_seeded:
+            # linear-of-unbind-piece / linear-of-split-piece read the weight's shape
+            self.shape_seeded.add(w)
+            self.facts.append(_app("set", _app("shape", self.leaf_or_operand(w)), _vec(ws)))
         if xs is not None and ws is not None:
             self.kind[n] = ("linear", (xs, ws, self.dtype(x)), (x, w, b))
             self.lhs_kind[n] = (x, self.dtype(x), b is None, ws[0])

@@ -186,6 +186,16 @@ def split_starts(sizes: Vec[i64]) -> Vec[i64]:
     """Where each piece of a split by `sizes` starts: [sum(sizes[:i]) for each i] (seeded by from_fx)."""
 
 
+@function(egg_fn="piece_linear_lo", merge=lambda old, new: old.min(new))
+def piece_linear_lo(p: Pieces, w: Tensor, b: Tensor) -> i64:
+    """The lowest i with a linear(p[i], w, b) (batch_linear's linear-piece-reader)."""
+
+
+@function(egg_fn="piece_linear_hi", merge=lambda old, new: old.max(new))
+def piece_linear_hi(p: Pieces, w: Tensor, b: Tensor) -> i64:
+    """The highest i with a linear(p[i], w, b): above the lowest, two pieces share the linear."""
+
+
 @function(egg_fn="cat_operand")
 def cat_operand(x: Tensor, d: i64Like, start: i64Like, length: i64Like, y: Tensor) -> Unit:
     """y is the operand of the cat x that covers [start, start + length) of its dim d (seeded by
@@ -241,11 +251,12 @@ __all__ = [
     "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "matmul_lhs_slot", "matmul_slot", "matmul_t_slot", "node", "pieces_from",
     "pieces_probe", "pieces_span", "last_operand",
     "pointwise_slot", "shape", "split", "stack", "unbind", "binary_slot", "narrow", "narrow_merge", "narrow_merge_len", "narrow_run",
-    "reshape", "split_starts", "squeeze",
+    "reshape", "split_starts", "squeeze", "piece_linear_lo", "piece_linear_hi",
 ]
 
 # Everything from_fx's seed program may mention, declared to egglog before it runs.
 DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
             linear, layer_norm, cat, stack, split, unbind, movedim, flatten, unflatten, even_split, batched_linear, batched_layer_norm,
             shape, node, group_vec, linear_slot, linear_lhs_slot, matmul_lhs_slot, matmul_slot, matmul_t_slot, layer_norm_slot, pointwise_slot, pieces_from, pieces_probe, pieces_span, last_operand,
-            Tensor.binary, binary_slot, narrow, squeeze, split_starts, narrow_run, reshape, cat_operand]
+            Tensor.binary, binary_slot, narrow, squeeze, split_starts, narrow_run, reshape, cat_operand,
+            piece_linear_lo, piece_linear_hi]

@@ -152,3 +152,72 @@ def test_batch_linear_aten_needs_vector_bias():
     inputs = [torch.randn(2, 4, 16), torch.randn(32, 16), torch.randn(4, 32), torch.randn(32, 16), torch.randn(4, 32)]
     _, report = optimize_with(make_fx(f)(*inputs), batch_linear, *inputs)
     assert not fired(report, "batch-linear")
+
+
+class SharedWeightOverPieces(nn.Module):
+    """One linear applied to each piece of a tensor (cut on a dim other than the last)."""
+
+    def __init__(self, cut="unbind", k=16, o=32, pieces=(0, 1, 2)):
+        super().__init__()
+        self.l, self.cut, self.pieces = nn.Linear(k, o), cut, pieces
+
+    def forward(self, x):
+        y = x.tanh()
+        ps = torch.unbind(y, 0) if self.cut == "unbind" else torch.split(y, [2, 1, 3], 1)
+        return [self.l(ps[i]) * (i + 1) for i in self.pieces]
+
+
+def test_linear_of_unbind_piece():
+    """A linear of one weight on pieces of unbind(y, 0) is the pieces of one linear of y: one
+    GEMM instead of one per piece (and no copy of the weight, which batching would stack)."""
+    after, report = optimize_with(SharedWeightOverPieces(), batch_linear, torch.randn(3, 4, 16))
+    assert fired(report, "linear-of-unbind-piece") and fired(report, "linear-piece-reader")
+    assert calls(after, nn.Linear) + calls(after, F.linear) == 1 and calls(after, ops.batched_linear) == 0
+
+
+def test_linear_of_split_piece():
+    after, report = optimize_with(SharedWeightOverPieces("split"), batch_linear, torch.randn(4, 6, 16))
+    assert fired(report, "linear-of-split-piece")
+    assert calls(after, nn.Linear) + calls(after, F.linear) == 1
+
+
+def test_linear_piece_reader():
+    """The rewrite needs two pieces read by one (weight, bias): a lone piece's linear stays on
+    the piece (the whole would compute more for the same launch), and so do pieces cut on the
+    last dim (a linear reads that dim whole)."""
+    after, report = optimize_with(SharedWeightOverPieces(pieces=(1,)), batch_linear, torch.randn(3, 4, 16))
+    assert fired(report, "linear-piece-reader") and not fired(report, "linear-of-unbind-piece")
+    assert calls(after, torch.unbind) + calls(after, torch.select) == 1
+
+    class LastDim(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 8)
+
+        def forward(self, x):
+            a, b = torch.split(x.tanh(), [4, 4], -1)
+            return self.l(a), self.l(b)
+
+    after, report = optimize_with(LastDim(), batch_linear, torch.randn(3, 8))
+    assert not fired(report, "linear-of-split-piece")
+
+
+def test_linear_of_pieces_fewer_launches_and_gradients():
+    """Compiled with Inductor: fewer launches than the input; in training the gradients of the
+    shared weight match too."""
+    from optimus_egg.measure import compile_inductor
+
+    torch.manual_seed(0)
+    m = SharedWeightOverPieces()
+    x = torch.randn(3, 4, 16)
+    gm = torch.fx.symbolic_trace(m)
+    after, _ = optimize_with(gm, batch_linear, x)
+    with torch.no_grad():
+        before_n, after_n = (compile_inductor(g, [x]).launches for g in (gm, after))
+    assert after_n.extern == 1 < before_n.extern == 3 and after_n.total < before_n.total
+    grads = []
+    for g in (gm, after):
+        m.zero_grad()
+        sum(o.sum() for o in g(x)).backward()
+        grads.append(m.l.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
