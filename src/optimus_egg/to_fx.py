@@ -273,21 +273,10 @@ def _select_sparse_pieces(graph: fx.Graph, unbinds: dict[fx.Node, int]) -> dict[
     replaced, each mapped to its select, and the unbinds erased, mapped to None."""
     replaced: dict[fx.Node, fx.Node | None] = {}
     for u, size in unbinds.items():
-        users = list(u.users)
-        if not all(v.target is operator.getitem and type(v.args[1]) is int for v in users):
-            continue
-        if len({v.args[1] % size for v in users}) == size:
-            continue
-        x, d = u.args
-        for v in users:
-            with graph.inserting_before(v):
-                sel = graph.call_function(torch.select, (x, d, v.args[1]))
-            sel.meta = v.meta
-            v.replace_all_uses_with(sel)
-            graph.erase_node(v)
-            replaced[v] = sel
-        graph.erase_node(u)
-        replaced[u] = None
+        read = _pieces_read(u, size)
+        if read is not None and len(read) < size:
+            x, d = u.args
+            _replace_pieces(graph, u, size, torch.select, lambda i, x=x, d=d: (x, d, i), replaced)
     return replaced
 
 
@@ -304,22 +293,32 @@ def _narrow_splits(graph: fx.Graph, splits: list[fx.Node], modules: dict) -> dic
     replaced: dict[fx.Node, fx.Node | None] = {}
     for s in splits:
         x, sizes, d = s.args
-        users = list(s.users)
-        if not all(v.target is operator.getitem and type(v.args[1]) is int for v in users):
-            continue
-        if len({v.args[1] % len(sizes) for v in users}) == len(sizes) and not _computed(x, modules):
-            continue
-        for v in users:
-            i = v.args[1] % len(sizes)
-            with graph.inserting_before(v):
-                piece = graph.call_function(torch.narrow, (x, d, sum(sizes[:i]), sizes[i]))
-            piece.meta = v.meta
-            v.replace_all_uses_with(piece)
-            graph.erase_node(v)
-            replaced[v] = piece
-        graph.erase_node(s)
-        replaced[s] = None
+        read = _pieces_read(s, len(sizes))
+        if read is not None and (len(read) < len(sizes) or _computed(x, modules)):
+            _replace_pieces(graph, s, len(sizes), torch.narrow,
+                            lambda i, x=x, d=d, k=sizes: (x, d, sum(k[:i]), k[i]), replaced)
     return replaced
+
+
+def _pieces_read(t: fx.Node, count: int) -> set[int] | None:
+    """The pieces of tuple-valued `t` that are read, if its every user takes one by an int."""
+    users = list(t.users)
+    if not all(v.target is operator.getitem and type(v.args[1]) is int for v in users):
+        return None
+    return {v.args[1] % count for v in users}
+
+
+def _replace_pieces(graph: fx.Graph, t: fx.Node, count: int, target, args_of, replaced: dict) -> None:
+    """Each getitem of `t` becomes `target(*args_of(i))` for its piece i; `t` is erased."""
+    for v in list(t.users):
+        with graph.inserting_before(v):
+            piece = graph.call_function(target, args_of(v.args[1] % count))
+        piece.meta = v.meta
+        v.replace_all_uses_with(piece)
+        graph.erase_node(v)
+        replaced[v] = piece
+    graph.erase_node(t)
+    replaced[t] = None
 
 
 def _computed(x: fx.Node, modules: dict) -> bool:
