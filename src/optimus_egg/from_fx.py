@@ -670,11 +670,12 @@ class _Lowerer:
             return None
         e = _app("linear", self.operand(x), self.leaf_or_operand(w), self.leaf_or_operand(b))
         xs, ws = self.shapes.get(x), self.shape_of(w)
-        if ws is not None and w not in self.shape_seeded:
-            # linear-of-unbind-piece / linear-of-split-piece read the weight's shape
+        if ws is not None and len(ws) == 2 and w not in self.shape_seeded:
+            # linear-of-unbind-piece / linear-of-split-piece read the weight's shape (a 1-D
+            # weight, whose linear drops the last dim, gets none: those rules leave it alone)
             self.shape_seeded.add(w)
             self.facts.append(_app("set", _app("shape", self.leaf_or_operand(w)), _vec(ws)))
-        if xs is not None and ws is not None:
+        if xs is not None and ws is not None and len(ws) == 2:  # a 1-D weight joins no batch
             self.kind[n] = ("linear", (xs, ws, self.dtype(x)), (x, w, b))
             self.lhs_kind[n] = (x, self.dtype(x), b is None, ws[0])
         return e

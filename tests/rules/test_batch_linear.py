@@ -201,6 +201,15 @@ def test_linear_piece_reader():
     after, report = optimize_with(LastDim(), batch_linear, torch.randn(3, 8))
     assert not fired(report, "linear-of-split-piece")
 
+    def vector_weight(x, w):
+        """F.linear with a 1-D weight drops the last dim: no rewrite, and no batch_linear group
+        (batched_linear of stacked 1-D weights failed when raised)."""
+        ps = torch.unbind(x.tanh(), 0)
+        return F.linear(ps[0], w), F.linear(ps[1], w)
+
+    after, report = optimize_with(vector_weight, batch_linear, torch.randn(2, 3, 4), torch.randn(4))
+    assert not fired(report, "linear-of-unbind-piece") and not fired(report, "batch-linear")
+
 
 def test_linear_of_pieces_fewer_launches_and_gradients():
     """Compiled with Inductor: fewer launches than the input; in training the gradients of the
