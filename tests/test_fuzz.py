@@ -1096,6 +1096,8 @@ FIRING = {
     "attend_chain": (_prog([("attend", 0, "matmul", "chain", (0, 1))]), "fx", [], ["batch-matmul-lhs"]),
     # the weighted sums (tanh(score) @ p_i) are alike and independent; so are the score
     # products x @ p_i.t(), whose keys come transposed
+    "shared_linear_over_pieces": (_prog([("linear", "shared_fn", False, [0, 1, 2])], split="view_unbind"), "fx",
+                                  ["linear-of-unbind-piece"], []),
     "attend_batch": (_prog([("attend", 0, "at", "old", (0, 1, 2))]), "fx",
                      ["batch-matmul", "batch-matmul-transposed"], []),
 }
