@@ -1055,6 +1055,26 @@ def test_a_program_the_ablation_compiled_to_fewer_launches_no_longer_does(name):
     before, after, greedy = (compile_inductor(g, [x]).launches.total for g in (gm, out, rewrite_greedily(gm, [x])))
     assert after <= min(before, greedy), (before, after, greedy)
 
+
+def test_a_random_draw_keeps_its_operand_layout():
+    """A decomposed dropout draws into empty_like(x), whose strides follow x's when x is dense.
+    The rewrites turned x, a piece of a cat, into a dense transposed view of a batched add: the
+    same seed drew another mask (OPTIMUS_EGG_FUZZ_RANDOM=1 ... --hypothesis-seed=1807). The
+    draw's operand is made contiguous, as it was in the input (from_fx.keeps_layout)."""
+    prog = {"n": 2, "d": 3, "b": 2, "steps": (
+        ("nested", "add_scalar", {"sizes1": (1, 1, 1, 1, 1, 1), "j": -1, "sizes2": (),
+                                  "spell1": ("split", "split", "split", "split", "narrow", "narrow"),
+                                  "spell2": "split", "flags": (True,) * 6, "cut": 0, "dim": 1}),
+        ("dropout", "F.dropout", [0])),
+        "split": "split", "out": "cat", "tap": None, "block": None, "special": False,
+        "dtype": torch.float32, "seed": 0}
+    model, x = Program(prog).to(prog["dtype"]).eval(), make_input(prog)
+    with torch.no_grad():
+        gm = make_fx(model)(x.clone())
+    out = optimus_egg.optimize(gm, [x], budget_s=5.0, strict=True)
+    assert out.meta["optimus_egg"].matches["batch-pointwise"] > 0
+    torch.testing.assert_close(run(out, x), run(gm, x))
+
 # ---- the newer vocabulary reaches its rules -------------------------------------------------------
 
 def _prog(steps, n=3, d=4, b=2, split="split", out="cat", **kw):

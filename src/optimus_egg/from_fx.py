@@ -83,6 +83,9 @@ class Template:
     args: tuple
     kwargs: dict
     n_deps: int = 0    # trailing ordering-only operands (mutation chains)
+    # Slot 0 made contiguous before the call (_keeps_layout): the op's result takes its
+    # operand's strides, and a random draw fills memory in that order.
+    contiguous: bool = False
 
 
 @dataclass
@@ -185,6 +188,7 @@ _PURE_NAMES = {
     "mod", "eq", "ne", "lt", "gt", "le", "ge", "cumsum", "native_layer_norm", "split_with_sizes",
     "_to_copy", "sym_size", "floor_divide", "triu_indices", "diagonal", "addcmul", "fill",
 }
+_LAYOUT_DRAWS = {"empty_like", "rand_like", "randn_like", "randint_like", "bernoulli"}
 _RANDOM = {"dropout", "rand", "randn", "randint", "bernoulli", "multinomial", "normal",
            "rand_like", "randn_like", "native_dropout", "uniform", "alpha_dropout"}
 
@@ -386,9 +390,10 @@ class _Lowerer:
         self.part = None  # the PART of the node being lowered (in its shared templates' keys)
 
     # templates ---------------------------------------------------------------
-    def template(self, op: str, target, args: tuple, kwargs: dict, shared: bool, n_deps: int = 0) -> int:
-        t = Template(op, target, args, kwargs, n_deps)
-        key = repr((op, target, args, sorted(kwargs.items()), self.part))
+    def template(self, op: str, target, args: tuple, kwargs: dict, shared: bool, n_deps: int = 0,
+                 contiguous: bool = False) -> int:
+        t = Template(op, target, args, kwargs, n_deps, contiguous)
+        key = repr((op, target, args, sorted(kwargs.items()), self.part, contiguous))
         if shared and key in self._template_ids:
             return self._template_ids[key]
         self.templates.append(t)
@@ -463,7 +468,8 @@ class _Lowerer:
     def opaque(self, n: fx.Node, deps: list, shared: bool = False):
         args, kwargs, operands = self.abstract(n)
         values = [self.operand(a) for a in operands]
-        tid = self.template(n.op, n.target, args, kwargs, shared and not deps, n_deps=len(deps))
+        tid = self.template(n.op, n.target, args, kwargs, shared and not deps, n_deps=len(deps),
+                            contiguous=self.keeps_layout(n, operands))
         if shared and not deps and not kwargs and args == (Slot(0), Slot(1)) and _is_matmul(n):
             self.mm_kind[n] = (operands[0], operands[1], tid)
         # An effect's tuple stays one opaque value: its getitems are effects too and must stay
@@ -471,6 +477,19 @@ class _Lowerer:
         if self.tuple_valued(n) and n not in self.effect_set:
             return ("pieces", _app("call_multi", tid, _vec([*values, *deps])))
         return _app("call", tid, _vec([*values, *deps]))
+
+    def keeps_layout(self, n: fx.Node, operands: list[fx.Node]) -> bool:
+        """Does a layout-following random op (_LAYOUT_DRAWS: a dropout, rand_like, the
+        empty_like a decomposed dropout draws into) need its operand contiguous, as it was in
+        the input? Its result takes the operand's strides when the operand is dense, and a
+        draw fills memory in order, so another layout of the same values draws another mask
+        from the same seed (the rewrites may turn a piece into a dense transposed view)."""
+        if not operands or not (_draws_random(n, self.modules) or _name(n.target).lstrip("_") in _LAYOUT_DRAWS):
+            return False
+        v = self.values.get(operands[0])
+        if not isinstance(v, torch.Tensor) or n.args[:1] != (operands[0],):
+            return False
+        return v.is_contiguous() or not torch._prims_common.is_non_overlapping_and_dense_or_false(v)
 
     def tuple_valued(self, n: fx.Node) -> bool:
         """All users take pieces: int getitems, or a cat/stack given the whole tuple. A node

@@ -217,6 +217,9 @@ class _Raiser:
         def fill(x):
             return real[x.k] if isinstance(x, Slot) else x
 
+        if t.contiguous and isinstance(real[0], fx.Node):
+            real = [self.graph.call_method("contiguous", (real[0],)), *real[1:]]
+            self.new_nodes.append(real[0])
         args = fx.node.map_aggregate(t.args, fill)
         kwargs = fx.node.map_aggregate(t.kwargs, fill)
         node = self.graph.create_node(t.op, t.target, tuple(args), dict(kwargs))
