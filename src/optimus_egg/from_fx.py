@@ -83,7 +83,7 @@ class Template:
     args: tuple
     kwargs: dict
     n_deps: int = 0    # trailing ordering-only operands (mutation chains)
-    # Slot 0 made contiguous before the call (_keeps_layout): the op's result takes its
+    # Slot 0 made contiguous before the call (_Lowerer.keeps_layout): the op's result takes its
     # operand's strides, and a random draw fills memory in that order.
     contiguous: bool = False
 
@@ -479,7 +479,7 @@ class _Lowerer:
         return _app("call", tid, _vec([*values, *deps]))
 
     def keeps_layout(self, n: fx.Node, operands: list[fx.Node]) -> bool:
-        """Does a layout-following random op (_LAYOUT_DRAWS: a dropout, rand_like, the
+        """Does a layout-following random op (a dropout, or _LAYOUT_DRAWS: rand_like & co., the
         empty_like a decomposed dropout draws into) need its operand contiguous, as it was in
         the input? Its result takes the operand's strides when the operand is dense, and a
         draw fills memory in order, so another layout of the same values draws another mask
