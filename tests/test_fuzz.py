@@ -1039,6 +1039,11 @@ _ABLATION_FEWER = {
     # batch_matmul, all three at one depth) 10. linear-of-unbind-piece makes the three one
     # linear of the whole matmul: 9.
     "linear_per_piece_of_a_batch": {'n': 3, 'd': 3, 'b': 4, 'steps': (('nested', 'tanh', {'sizes1': (4, 5), 'j': 1, 'sizes2': (2, 1, 2), 'spell1': ('slice', 'split'), 'spell2': 'method_split', 'flags': (False, False, False, False), 'cut': 3, 'dim': -1}), ('opaque', 'wrapped', 2), ('dropout', 'module', [0, 1]), ('fanout', 1, False, [0, 1]), ('attend', 2, 'at', 'chain', [0, 1, 2]), ('linear', 'shared_fn', False, [0, 1, 2]), ('inplace', 'clone_add', 2), ('dropout', 'module', [0, 1, 2])), 'split': 'cat_rows', 'out': 'stack', 'tap': None, 'block': None, 'special': False, 'dtype': torch.float32, 'seed': 6416},
+    # bench/differential.py --all --seed 19: six matmuls of one shape, m0 -> m1 -> m9 and
+    # m0 -> m3, m5, m7. Cut in graph order only, the batch_matmul groups were {m0},
+    # {m1, m3, m5, m7}, {m9}: 14 launches, the ablation's ({m3, m5, m7, m9}) 13. The cut in
+    # reverse order is seeded too (from_fx `_Ancestors.independent_sets`): 13.
+    "matmul_groups_cut_both_ways": {'n': 5, 'd': 4, 'b': 3, 'steps': (('pointwise', 'mul_scalar', 1, [4]), ('broadcast', 'add', 'param', [1, 2]), ('attend', 2, 'bmm', 'chain', [2, 3]), ('pointwise', 'mul_scalar', 1, [0, 1, 2, 3, 4]), ('attend', 2, 'at', 'old', [0, 1, 2, 3]), ('regroup', 'cat_view_unbind')), 'split': 'split_neg', 'out': 'tuple', 'tap': (0, 2), 'block': (7, 1, 'autocast_off'), 'special': False, 'dtype': torch.float32, 'seed': 47},
 }
 
 

@@ -1190,9 +1190,22 @@ class _Ancestors:
         return bool((self(a) >> self.index[b]) & 1 or (self(b) >> self.index[a]) & 1)
 
     def independent_sets(self, nodes: list[fx.Node]) -> list[list[fx.Node]]:
-        """`nodes` cut greedily, in graph order, into sets with no path between two members."""
+        """`nodes` cut greedily into sets with no path between two members: once in graph
+        order, once in reverse, adding the sets of the second cut that the first lacks. The
+        cuts differ where paths chain: with `a -> b -> d` and `a -> c`, graph order gives
+        {a}, {b, c}, {d} and reverse order {d, c}, {b}, {a}; extraction picks among them."""
+        order = sorted(nodes, key=self.index.__getitem__)
+        sets = self._first_fit(order)
+        seen = {frozenset(s) for s in sets}
+        for group in self._first_fit(order[::-1]):
+            if frozenset(group) not in seen:
+                seen.add(frozenset(group))
+                sets.append(group[::-1])
+        return sets
+
+    def _first_fit(self, nodes: list[fx.Node]) -> list[list[fx.Node]]:
         sets: list[list[fx.Node]] = []
-        for n in sorted(nodes, key=self.index.__getitem__):
+        for n in nodes:
             for group in sets:
                 if not any(self.related(n, m) for m in group):
                     group.append(n)

@@ -174,3 +174,30 @@ def test_batch_matmul_through_dynamo():
     compiled = torch.compile(per_feature_attention, backend=backend)
     torch.testing.assert_close(compiled(queries, seqs), per_feature_attention(queries, seqs))
     assert fired(reports[0], "batch-matmul") and fired(reports[0], "batch-matmul-transposed")
+
+
+def test_groups_are_cut_in_graph_order_and_in_reverse():
+    """m0 -> m1 -> m2 and m0 -> m3: first-fit in graph order groups {m1, m3}, in reverse order
+    {m2, m3}; both are seeded (which one pays depends on the other rewrites: a group that
+    another batch reads through cannot be extracted). Each group is independent."""
+    from torch import fx
+
+    from optimus_egg.from_fx import _Ancestors
+
+    def f(x, w):
+        m0 = x @ w
+        m1 = torch.tanh(m0) @ w
+        m2 = torch.tanh(m1) @ w
+        m3 = torch.sigmoid(m0) @ w
+        return m2, m3
+
+    gm = fx.symbolic_trace(f)
+    m0, m1, m2, m3 = (n for n in gm.graph.nodes if n.target is operator.matmul)
+    ancestors = _Ancestors(gm.graph)
+    sets = ancestors.independent_sets([m3, m2, m1, m0])
+    assert sorted(map(frozenset, sets), key=len) == sorted(
+        map(frozenset, ([m0], [m1, m3], [m2], [m2, m3], [m1])), key=len)
+    assert not any(ancestors.related(a, b) for s in sets for a in s for b in s if a is not b)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    after, report = optimize_with(f, batch_matmul, x, w)
+    assert report.groups["matmul"] == 2 and calls(after, operator.matmul) == 3
