@@ -1043,6 +1043,11 @@ _ABLATION_FEWER = {
     # m0 -> m3, m5, m7. Cut in graph order only, the batch_matmul groups were {m0},
     # {m1, m3, m5, m7}, {m9}: 14 launches, the ablation's ({m3, m5, m7, m9}) 13. The cut in
     # reverse order is seeded too (from_fx `_Ancestors.independent_sets`): 13.
+    # bench/differential.py --all --seed 19: only row 0 of a stack of linears' results is read;
+    # the other rows' linears are dead once unbind-of-stack reads row 0 directly, and their
+    # parameters (zero gradients eagerly) would get None: optimize kept its input, 19
+    # launches (the ablation 10). The output now gives them zeros (ops.keep_grads): 6.
+    "zero_gradients_kept_by_the_output": {'n': 4, 'd': 8, 'b': 2, 'steps': (('layer_norm', 'affine', [1, 2, 3]), ('dropout_eval', 'p0', [0, 2]), ('linear', 'shared_module', False, [1, 2, 3]), ('dropout', 'F.dropout', [2]), ('stack_binary', 'add', -1, 'tanh', [0]), ('fanout', 0, False, [0, 1, 2, 3]), ('linear', 'shared_module', True, [0, 1, 2, 3]), ('linear', 'own', True, [0, 1, 2, 3])), 'split': 'split', 'out': 'stack', 'tap': None, 'block': (6, 2, 'checkpoint'), 'special': True, 'dtype': torch.float64, 'seed': 678},
     "matmul_groups_cut_both_ways": {'n': 5, 'd': 4, 'b': 3, 'steps': (('pointwise', 'mul_scalar', 1, [4]), ('broadcast', 'add', 'param', [1, 2]), ('attend', 2, 'bmm', 'chain', [2, 3]), ('pointwise', 'mul_scalar', 1, [0, 1, 2, 3, 4]), ('attend', 2, 'at', 'old', [0, 1, 2, 3]), ('regroup', 'cat_view_unbind')), 'split': 'split_neg', 'out': 'tuple', 'tap': (0, 2), 'block': (7, 1, 'autocast_off'), 'special': False, 'dtype': torch.float32, 'seed': 47},
 }
 

@@ -1231,6 +1231,11 @@ class _Twins:
                    for t in self.by_key.get(self.key.get(n), ()))
 
 
+# ops whose result no gradient flows back from (the *_like and new_* ones read only a shape)
+_NO_GRAD = {"detach", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+            "randint_like", "new_zeros", "new_ones", "new_empty", "new_full"}
+
+
 def _grad_reach(graph: fx.Graph, values, no_grad: set[fx.Node] | frozenset = frozenset(),
                 starts: list[fx.Node] | None = None, barrier: set[fx.Node] | frozenset = frozenset()) -> set[fx.Node]:
     """The nodes a gradient of the outputs can reach: back from the outputs through every node
@@ -1247,7 +1252,7 @@ def _grad_reach(graph: fx.Graph, values, no_grad: set[fx.Node] | frozenset = fro
     todo = [a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes] if starts is None else list(starts)
     while todo:
         n = todo.pop()
-        if n in reach or n in no_grad or (n.op in ("call_function", "call_method") and _name(n.target) == "detach") or (
+        if n in reach or n in no_grad or (n.op in ("call_function", "call_method") and _name(n.target) in _NO_GRAD) or (
                 n.target is getattr and n.args[1] == "data"):
             continue
         v = values.get(n)

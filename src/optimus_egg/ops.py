@@ -33,3 +33,24 @@ def batched_layer_norm(x: torch.Tensor, shape: list[int], w: torch.Tensor | None
     if b is not None:
         y = y + b.to(acc).reshape(b.shape[0], *lead, *shape)
     return y.to(x.dtype)
+
+
+class _KeepGrads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, *leaves: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(*leaves)
+        # detach: y's storage and version counter, not a view of y (an output that is a view
+        # made in a custom Function may not be modified in place; y itself may)
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (grad, *(torch.zeros_like(t) for t in ctx.saved_tensors))
+
+
+def keep_grads(y: torch.Tensor, *leaves: torch.Tensor) -> torch.Tensor:
+    """y, with a zero gradient for each of `leaves` whenever a gradient reaches y: what an
+    output gives the parameters that eagerly fed it only through values nothing reads (a
+    stack unbound, one row used), once the rewrites have dropped those values. Inductor
+    launches nothing for it in the forward; the zero fills in the backward are pointwise code."""
+    return _KeepGrads.apply(y, *leaves)

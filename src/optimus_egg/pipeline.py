@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+from torch.fx.graph_module import _copy_attr
 
 from optimus_egg import parts, worker
 from optimus_egg.extract.fusion_cost import fused_launches
@@ -25,7 +26,7 @@ from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, elementwise_batched_linear, elementwise_linear,
                                              elementwise_matmul, launch_cost)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
-from optimus_egg.from_fx import Lowered, _grad_reach, _name, from_fx
+from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
 from optimus_egg.shapes import check_inputs
@@ -287,10 +288,8 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
                              f"{report.launches_before} for the input")
         report.launches_after = report.launches_before
         return gm
-    if _loses_a_gradient(gm, out, inputs, lowered.grad_reach):
-        # A parameter that only fed pieces nothing reads (a stack unbound, one row used) gets
-        # a zero gradient eagerly; with the stack gone it would get None, which an optimizer
-        # with weight decay or momentum treats differently. Keep the input.
+    lost = _lost_leaves(gm, out, inputs, lowered.grad_reach)
+    if any(lost) and not _keep_zero_grads(gm, out, inputs, lost, lowered.grad_reach):
         report.kept_input = "a parameter's gradient would be None where the input's is zeros"
         return gm
     report.cost_after, report.changed = ex.cost, True
@@ -300,36 +299,88 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
 _SIZE_TARGETS = {"size", "dim", "sym_size", "numel", "sym_numel", "stride"}
 
 
-def _loses_a_gradient(gm: fx.GraphModule, out: fx.GraphModule, inputs, reach: set[fx.Node] | None) -> bool:
-    """Does a tensor requiring grad (an input, a parameter, a buffer) that a gradient of gm's
-    outputs reaches (`reach`, from_fx's; eagerly each gets a gradient, zeros at least) go
-    unreached in `out`? out's reach is walked from its outputs (a superset): its nodes copied
-    from gm keep the reach a graph of parts carries in meta, new ones have none."""
+def _lost_leaves(gm: fx.GraphModule, out: fx.GraphModule, inputs,
+                 reach: set[fx.Node] | None) -> tuple[set[int], set[str]]:
+    """The tensors requiring grad (inputs by index; parameters and buffers by name) that a
+    gradient of gm's outputs reaches (`reach`, from_fx's; eagerly each gets a gradient, zeros
+    at least) and none of out's does. A parameter that only fed values nothing reads (a stack
+    unbound, one row used) gets zeros eagerly; with those values gone it would get None, which
+    an optimizer with weight decay or momentum treats differently. out's reach is walked from
+    its outputs (a superset): its nodes copied from gm keep the reach a graph of parts carries
+    in meta, new ones have none."""
     (ins, names), (ins_out, names_out) = _reached_leaves(gm, inputs, reach), _reached_leaves(out, inputs)
-    if any(inputs[i].requires_grad for i in ins - ins_out):
-        return True
+    lost_ins = {i for i in ins - ins_out if inputs[i].requires_grad}
     if names <= names_out:
-        return False
-
-    def under(name: str, targets: set[str]) -> bool:  # name, or a module holding it, is read
-        while name:
-            if name in targets:
-                return True
-            name = name.rpartition(".")[0]
-        return False
-
+        return lost_ins, set()
     tensors = (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))
-    return any(t.requires_grad and under(name, names) and not under(name, names_out) for name, t in tensors)
+    return lost_ins, {name for name, t in tensors if t.requires_grad and _under(name, names) and not _under(name, names_out)}
+
+
+def _under(name: str, targets: set[str]) -> bool:
+    """Is `name`, or a module holding it, among `targets`?"""
+    while name:
+        if name in targets:
+            return True
+        name = name.rpartition(".")[0]
+    return False
+
+
+def _keep_zero_grads(gm: fx.GraphModule, out: fx.GraphModule, inputs, lost: tuple[set[int], set[str]],
+                     reach: set[fx.Node] | None) -> bool:
+    """Give the `lost` tensors their zeros back in `out` (in place): each output of out whose
+    counterpart in gm a gradient reached them from is wrapped in `ops.keep_grads(y, *lost)`.
+    False (out unchanged) for a graph of parts (its outputs are the parts') or outputs that do
+    not line up."""
+    from optimus_egg.ops import keep_grads
+
+    if reach is None or any(GRAD_REACH in n.meta for n in gm.graph.nodes):
+        return False
+    output = next(n for n in out.graph.nodes if n.op == "output")
+    theirs, ours = _flat_outputs(gm), _flat_outputs(out)
+    if len(theirs) != len(ours) or any(isinstance(a, fx.Node) != isinstance(b, fx.Node) for a, b in zip(theirs, ours)):
+        return False
+    lost_ins, lost_names = lost
+    values = _grad_values(gm)
+    placeholders = [n for n in out.graph.nodes if n.op == "placeholder"]
+    wrapped: list = []
+    for o, y in zip(theirs, ours):
+        if isinstance(o, fx.Node) and o in reach:
+            ins, names = _reached_leaves(gm, inputs, _grad_reach(gm.graph, values, starts=[o]) & reach)
+            ins, names = sorted(ins & lost_ins), sorted(name for name in lost_names if _under(name, names))
+            if ins or names:
+                with out.graph.inserting_before(output):
+                    for name in names:
+                        _copy_attr(gm, out, name)  # (out holds only what its graph reads)
+                    leaves = [placeholders[i] for i in ins] + [out.graph.get_attr(name) for name in names]
+                    y = out.graph.call_function(keep_grads, (y, *leaves))
+                y.meta = dict(y.args[0].meta)
+        wrapped.append(y)
+    at = iter(wrapped)
+    output.args = fx.node.map_aggregate(output.args, lambda _: next(at))
+    out.recompile()
+    return True
+
+
+def _flat_outputs(gm: fx.GraphModule) -> list:
+    """The leaves of gm's output structure, in order."""
+    leaves: list = []
+    fx.node.map_aggregate(next(n for n in gm.graph.nodes if n.op == "output").args, leaves.append)
+    return leaves
+
+
+def _grad_values(gm: fx.GraphModule) -> dict:
+    """Each node's value for _grad_reach: its meta value (None where unknown: walked through),
+    0 for sizes."""
+    return {n: 0 if _name(n.target) in _SIZE_TARGETS or n.target == "shape" else n.meta.get("val")
+            for n in gm.graph.nodes}
 
 
 def _reached_leaves(gm: fx.GraphModule, inputs, reach: set[fx.Node] | None = None) -> tuple[set[int], set[str]]:
     """The tensor inputs (their indices) and the get_attr / call_module targets that `reach`
     holds; by default, that a walk back from gm's outputs reaches (from_fx._grad_reach)."""
     if reach is None:
-        values = {n: 0 if _name(n.target) in _SIZE_TARGETS or n.target == "shape" else n.meta.get("val")
-                  for n in gm.graph.nodes}
-        reach = _grad_reach(gm.graph, values, starts=[a for n in gm.graph.nodes if n.op == "output"
-                                                       for a in n.all_input_nodes])
+        reach = _grad_reach(gm.graph, _grad_values(gm), starts=[a for n in gm.graph.nodes if n.op == "output"
+                                                                 for a in n.all_input_nodes])
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     ins = {i for i, n in enumerate(placeholders) if n in reach and i < len(inputs)
            and isinstance(inputs[i], torch.Tensor)}
