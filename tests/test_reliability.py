@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import optimus_egg
 import optimus_egg.pipeline as pipeline
-from optimus_egg import bench, ops
+from optimus_egg import ops
 from optimus_egg.testing import calls
 
 
