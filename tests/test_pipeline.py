@@ -9,7 +9,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 import optimus_egg
-from optimus_egg import ops
+from optimus_egg import bench, ops
 from optimus_egg.models import build
 from optimus_egg.rules import SCHEDULE_ORDER
 from optimus_egg.testing import calls
@@ -67,6 +67,8 @@ def test_the_fusion_estimate_keeps_the_input_when_it_predicts_more_launches(mlp,
     assert report.matches.get("batch-linear", 0) > 0 and not report.changed
     assert report.kept_input == "the fusion estimate predicts 4 launches for the result, 3 for the input"
     assert report.fallback is None and calls(out, ops.batched_linear) == 0
+    assert "kept the input: the fusion estimate" in str(report)
+    assert bench._report_fields(report)["stop_reason"].endswith("(kept the input)")
     torch.testing.assert_close(out(*inputs), gm(*inputs), rtol=0, atol=0)
 
 
