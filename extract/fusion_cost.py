@@ -27,12 +27,11 @@ from collections.abc import Callable
 import torch.fx as fx
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, VIEW_TARGETS, elementwise_batched_linear, elementwise_linear,
                                              elementwise_matmul)
+from optimus_egg.from_fx import draws_random
 
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
                          "scatter_add", "sort", "topk", "nonzero"}
 COPIES = {"cat", "concat", "stack"}
-RANDOM = {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "bernoulli", "native_dropout",
-          "multinomial", "normal"}
 MAX_FUSION = 64  # Inductor's config.max_fusion_size: nodes per fused kernel
 _FREE_TARGETS = VIEW_TARGETS | {"getattr", "size", "dim", "sym_size"}
 
@@ -73,7 +72,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
             continue
         ins = [a for a in n.all_input_nodes if a in kind]
         kind[n] = node_kind(n, modules, shape_of, table)
-        random = random or _draws(n, modules)
+        random = random or draws_random(n, modules)
         leafy[n] = all(leafy.get(a, False) for a in ins) and kind[n] != "extern"
 
     parent: dict[fx.Node, fx.Node] = {}
@@ -138,7 +137,7 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
     if n.op in ("placeholder", "get_attr"):
         return "leaf"
     name = _target_name(n, modules)
-    if _draws(n, modules):
+    if draws_random(n, modules):
         return "compute"
     if name in _FREE_TARGETS or name == "getitem" or name == "dropout":
         return "view"
@@ -147,11 +146,6 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
             shape_of is not None and _elementwise_gemm(n, name, modules, shape_of, table)):
         return "extern"
     return "compute"
-
-
-def _draws(n: fx.Node, modules: dict) -> bool:
-    name = _target_name(n, modules)
-    return name == "dropout" and _active_dropout(n, modules) or name in RANDOM
 
 
 def _extern_paths(gm: fx.GraphModule, kind: dict[fx.Node, str]) -> Callable[[fx.Node, fx.Node], bool]:
@@ -194,14 +188,3 @@ def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[
         bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")
         return elementwise_linear(shape(n.args[0]), shape(n.args[1]), bias is not None, table)
     return False
-
-
-def _active_dropout(n: fx.Node, modules: dict) -> bool:
-    """Does this dropout draw random numbers (F.dropout's `training` defaults to True; a
-    Dropout module follows its mode)?"""
-    if n.op == "call_module":
-        mod = modules[n.target]
-        return bool(mod.training and mod.p > 0)
-    p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
-    training = n.kwargs.get("training", n.kwargs.get("train", n.args[2] if len(n.args) > 2 else True))
-    return not (isinstance(p, (int, float)) and p == 0) and training is not False

@@ -190,7 +190,7 @@ _PURE_NAMES = {
 }
 _LAYOUT_DRAWS = {"empty_like", "rand_like", "randn_like", "randint_like", "bernoulli"}
 _RANDOM = {"dropout", "rand", "randn", "randint", "bernoulli", "multinomial", "normal",
-           "rand_like", "randn_like", "native_dropout", "uniform", "alpha_dropout"}
+           "rand_like", "randn_like", "randint_like", "native_dropout", "uniform", "alpha_dropout"}
 
 
 def _name(target) -> str:
@@ -262,16 +262,17 @@ def _returns_input(node: fx.Node, modules: dict | None = None) -> bool:
     p = 0) or an Identity module. A write through it is a write to the input."""
     if node.op == "call_module":
         mod = _submodule(node, modules)
-        return isinstance(mod, (torch.nn.Identity, torch.nn.modules.dropout._DropoutNd)) and not _draws_random(node, modules)
+        return isinstance(mod, (torch.nn.Identity, torch.nn.modules.dropout._DropoutNd)) and not draws_random(node, modules)
     if node.op not in ("call_function", "call_method"):
         return False
-    return "dropout" in _name(node.target) and not _draws_random(node, modules)
+    return "dropout" in _name(node.target) and not draws_random(node, modules)
 
 
-def _draws_random(node: fx.Node, modules: dict | None = None) -> bool:
-    """An RNG draw that Node.is_impure misses. It knows torch.rand_like & co., but not F.dropout
-    (a Python function), torch.dropout, nor a Dropout module in training mode; left unordered,
-    two such draws could be emitted in the other order and get each other's masks."""
+def draws_random(node: fx.Node, modules: dict | None = None) -> bool:
+    """Does the node draw random numbers? Node.is_impure knows torch.rand_like & co., but not
+    F.dropout (a Python function), torch.dropout, nor a Dropout module in training mode; left
+    unordered, two such draws could be emitted in the other order and get each other's masks.
+    (The fusion estimate counts the seed call Inductor makes for them: extract/fusion_cost.py.)"""
     if node.op == "call_module":
         mod = _submodule(node, modules)
         if isinstance(mod, torch.nn.RReLU):
@@ -310,7 +311,7 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     `mutated`: the mutating nodes, if already known."""
     impure = {n for n in graph.nodes
               if n.op in ("call_function", "call_module", "call_method")
-              and (_is_impure(n, modules) or _draws_random(n, modules))}
+              and (_is_impure(n, modules) or draws_random(n, modules))}
     if mutated is None:
         mutated = [n for n in graph.nodes if _is_mutation(n, modules)]
     if not mutated:
@@ -484,7 +485,7 @@ class _Lowerer:
         the input? Its result takes the operand's strides when the operand is dense, and a
         draw fills memory in order, so another layout of the same values draws another mask
         from the same seed (the rewrites may turn a piece into a dense transposed view)."""
-        if not operands or not (_draws_random(n, self.modules) or _name(n.target).lstrip("_") in _LAYOUT_DRAWS):
+        if not operands or not (draws_random(n, self.modules) or _name(n.target).lstrip("_") in _LAYOUT_DRAWS):
             return False
         v = self.values.get(operands[0])
         if not isinstance(v, torch.Tensor) or n.args[:1] != (operands[0],):
