@@ -1021,7 +1021,8 @@ class _Lowerer:
     def seed_lhs_groups(self, depth, reach, counts) -> None:
         """Linears reading the same input (same depth, same bias presence): one wide GEMM. Fewer
         than LHS_MIN_MEMBERS of them only when none has a twin (see LHS_MIN_MEMBERS). Linears
-        and matmuls the target computes as elementwise code (launch_cost.py) join no group."""
+        and matmuls the target computes as elementwise code (launch_cost.py) join no group. A
+        group that one cat reads in another order is seeded in that order too (cat_order)."""
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, dt, nobias, out) in self.lhs_kind.items():
             xs = self.shapes.get(x)
@@ -1031,26 +1032,50 @@ class _Lowerer:
                 buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach, n.meta.get(PART))].append(n)
         ancestors = _Ancestors(self.gm.graph)
         twins = _Twins(self.kind, ancestors)
-        for members in map(self.distinct, buckets.values()):
-            if len(members) < 2 or (len(members) < LHS_MIN_MEMBERS and any(twins.has_twin(m, members) for m in members)):
+        for found in map(self.distinct, buckets.values()):
+            if len(found) < 2 or (len(found) < LHS_MIN_MEMBERS and any(twins.has_twin(m, found) for m in found)):
                 continue
-            x = self.lhs_kind[members[0]][0]
-            counts["linear_lhs"] += 1
-            g = counts["_lhs"] = counts.get("_lhs", 0) + 1
-            g = -g  # lhs groups count down so their ids never meet the batch groups'
-            sizes = [self.lhs_kind[m][3] for m in members]
-            self.split_sizes(sizes)
-            shp = self.shapes[members[0]]
-            out = _vec([*shp[:-1], sum(sizes)])
-            self.facts += [
-                _app("set", _app("group_vec", g, 1), _vec(self.leaf_or_operand(self.kind[m][2][1]) for m in members)),
-                _app("set", _app("group_vec", g, 2), _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members)),
-            ]
-            self.facts += [_app("linear_lhs_slot", self.operand(x), g, _vec(sizes), len(shp) - 1, out, i)
-                           for i in range(len(members))]
+            for members in (found, *filter(None, [self.cat_order(found)])):
+                self.seed_lhs_group(members, counts)
         self.seed_matmul_groups(reach, counts, ancestors)
         self.seed_batch_matmul_groups(reach, counts, ancestors)
         counts.pop("_lhs", None)
+
+    def cat_order(self, members: list[fx.Node]) -> list[fx.Node] | None:
+        """`members` in the order one cat reads them (each read by it alone, directly or
+        through nodes lowered to their operand), where that is not their own: the wide GEMM's
+        split then lines up with the cat and both cancel. None otherwise."""
+        where = {}
+        for m in members:
+            n = m
+            while len(n.users) == 1 and next(iter(n.users)) in self.identities:
+                n = next(iter(n.users))
+            reader = next(iter(n.users)) if len(n.users) == 1 else None
+            if reader is None or _name(reader.target) not in ("cat", "concat") or not reader.args \
+                    or not isinstance(reader.args[0], (list, tuple)) or n not in reader.args[0]:
+                return None
+            where[m] = (reader, reader.args[0].index(n))
+        if len({r for r, _ in where.values()}) != 1:
+            return None
+        order = sorted(members, key=lambda m: where[m][1])
+        return order if order != members else None
+
+    def seed_lhs_group(self, members: list[fx.Node], counts) -> None:
+        """One wide-GEMM group: the members' weights and biases, concatenated in this order."""
+        x = self.lhs_kind[members[0]][0]
+        counts["linear_lhs"] += 1
+        g = counts["_lhs"] = counts.get("_lhs", 0) + 1
+        g = -g  # lhs groups count down so their ids never meet the batch groups'
+        sizes = [self.lhs_kind[m][3] for m in members]
+        self.split_sizes(sizes)
+        shp = self.shapes[members[0]]
+        out = _vec([*shp[:-1], sum(sizes)])
+        self.facts += [
+            _app("set", _app("group_vec", g, 1), _vec(self.leaf_or_operand(self.kind[m][2][1]) for m in members)),
+            _app("set", _app("group_vec", g, 2), _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members)),
+        ]
+        self.facts += [_app("linear_lhs_slot", self.operand(x), g, _vec(sizes), len(shp) - 1, out, i)
+                       for i in range(len(members))]
 
     def seed_matmul_groups(self, reach, counts, ancestors: _Ancestors) -> None:
         """Matmuls of one first operand whose second operands are alike but for their last
