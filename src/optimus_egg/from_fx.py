@@ -1265,8 +1265,8 @@ _NO_GRAD = {"detach", "zeros_like", "ones_like", "empty_like", "full_like", "ran
 def _grad_reach(graph: fx.Graph, values, no_grad: set[fx.Node] | frozenset = frozenset(),
                 starts: list[fx.Node] | None = None, barrier: set[fx.Node] | frozenset = frozenset()) -> set[fx.Node]:
     """The nodes a gradient of the outputs can reach: back from the outputs through every node
-    with a floating (or unknown) value, except detach and the nodes in `no_grad` (run with grad
-    disabled). Eagerly, a parameter whose uses all lie outside gets no gradient (grad None);
+    with a floating (or unknown) value, except the ops in _NO_GRAD (detach; constructors that
+    read only a shape) and the nodes in `no_grad` (run with grad disabled). Eagerly, a parameter whose uses all lie outside gets no gradient (grad None);
     batched with one inside, it would get zeros, which an optimizer with momentum or weight
     decay does not skip. So groups never mix the two. A graph of parts (parts.py) carries the
     reach of the whole graph in meta[GRAD_REACH]: a part's output may only feed a no_grad block.
