@@ -481,7 +481,12 @@ def test_a_parameter_keeps_its_zero_gradient(affine):
     assert calls(out, ops.keep_grads) == (1 if affine else 0)
     if affine:
         kept = next(n for n in out.graph.nodes if n.target is ops.keep_grads)
-        assert sorted(a.target for a in kept.args[1:]) == [f"norms.{i}.{w}" for i in (1, 2) for w in ("bias", "weight")]
+        names = [f"norms.{i}.{w}" for i in (1, 2) for w in ("bias", "weight")]
+        assert sorted(a.target for a in kept.args[1:]) == names
+        assert report.zero_grads == names and f"(ops.keep_grads): {', '.join(names)}" in str(report)
+    else:
+        assert report.zero_grads == []
+    if affine:
         want = _grads(gm, x)
         assert all(torch.count_nonzero(want[f"norms.{i}.{w}"]) == 0 for i in (1, 2) for w in ("weight", "bias"))
         got = _grads(out, x)
@@ -561,6 +566,7 @@ def test_a_parameter_keeps_its_zero_gradient_through_dynamo(fresh_dynamo, backen
     if backend == "eager":
         assert reports and reports[0].matches.get("unbind-of-stack", 0) > 0
         assert reports[0].changed and reports[0].kept_input is None
+        assert len(reports[0].zero_grads) == 4 and all(z.startswith("input ") for z in reports[0].zero_grads)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert (p.grad is None) == (q.grad is None), name
         torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=name: f"{n}: {m}")

@@ -53,6 +53,7 @@ class Report:
     kept_input: str | None = None  # why the input came back although a cheaper graph was found
     hard_stop: bool = False      # the search worker was killed at the hard deadline
     parts: int = 1               # parts kept apart: stretches between state changes, bodies (parts.py)
+    zero_grads: list[str] = field(default_factory=list)  # tensors given zero gradients by ops.keep_grads
 
     def __str__(self) -> str:
         t = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
@@ -72,6 +73,8 @@ class Report:
                             "bodies: checkpointed, cond branches, shared layers)")
         if self.kept_input:
             lines.append(f"  kept the input: {self.kept_input}")
+        if self.zero_grads:
+            lines.append(f"  zero gradients kept by the outputs (ops.keep_grads): {', '.join(self.zero_grads)}")
         if self.fallback:
             lines.append(f"  fallback: {self.fallback}")
         return "\n".join(lines)
@@ -289,9 +292,11 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
         report.launches_after = report.launches_before
         return gm
     lost = _lost_leaves(gm, out, inputs, lowered.grad_reach)
-    if any(lost) and not _keep_zero_grads(gm, out, inputs, lost, lowered.grad_reach):
-        report.kept_input = "a parameter's gradient would be None where the input's is zeros"
-        return gm
+    if any(lost):
+        if not _keep_zero_grads(gm, out, inputs, lost, lowered.grad_reach):
+            report.kept_input = "a parameter's gradient would be None where the input's is zeros"
+            return gm
+        report.zero_grads = [f"input {i}" for i in sorted(lost[0])] + sorted(lost[1])
     report.cost_after, report.changed = ex.cost, True
     return out
 
