@@ -1044,7 +1044,7 @@ class _Lowerer:
     def cat_order(self, members: list[fx.Node]) -> list[fx.Node] | None:
         """`members` in the order one cat reads them (each read by it alone, directly or
         through nodes lowered to their operand), where that is not their own: the wide GEMM's
-        split then lines up with the cat and both cancel. None otherwise."""
+        or matmul's split then lines up with the cat and both cancel. None otherwise."""
         where = {}
         for m in members:
             n = m
@@ -1082,7 +1082,8 @@ class _Lowerer:
         (static) dim, with no path between two of them: one matmul of the concatenated second
         operands. Not cut by depth (two score products of one query rarely share a depth):
         independent members cannot make a group its own ancestor, and extraction never
-        closes a cycle across groups."""
+        closes a cycle across groups. A group one cat reads in another order is seeded in that
+        order too (cat_order)."""
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, y, tid) in self.mm_kind.items():
             xs, ys, out = self.shapes.get(x), self.shapes.get(y), self.shapes.get(n)
@@ -1094,21 +1095,25 @@ class _Lowerer:
                 continue  # no GEMM to share: a wide one would launch where the members fuse
             buckets[(self.expr.get(x, x), tid, self.dtype(y), ys[:-1], n in reach, n.meta.get(PART))].append(n)
         for candidates in map(self.distinct, buckets.values()):
-            for members in ancestors.independent_sets(candidates) if len(candidates) > 1 else ():
-                if len(members) < 2:
-                    continue
-                x, _, tid = self.mm_kind[members[0]]
-                counts["matmul_lhs"] += 1
-                counts["_lhs"] = counts.get("_lhs", 0) + 1
-                g = -counts["_lhs"]  # counts down with the linear lhs groups
-                ys = [self.mm_kind[m][1] for m in members]
-                sizes = [self.shapes[y][-1] for y in ys]
-                self.split_sizes(sizes)
-                shp = self.shapes[members[0]]
-                out = _vec([*shp[:-1], sum(sizes)])
-                self.facts.append(_app("set", _app("group_vec", g, 1), _vec(self.operand(y) for y in ys)))
-                self.facts += [_app("matmul_lhs_slot", self.operand(x), tid, g, _vec(sizes), len(self.shapes[ys[0]]) - 1,
-                                    len(shp) - 1, out, i) for i in range(len(members))]
+            for found in ancestors.independent_sets(candidates) if len(candidates) > 1 else ():
+                if len(found) > 1:
+                    for members in (found, *filter(None, [self.cat_order(found)])):
+                        self.seed_matmul_lhs_group(members, counts)
+
+    def seed_matmul_lhs_group(self, members: list[fx.Node], counts) -> None:
+        """One matmul of the members' concatenated second operands, in this order."""
+        x, _, tid = self.mm_kind[members[0]]
+        counts["matmul_lhs"] += 1
+        counts["_lhs"] = counts.get("_lhs", 0) + 1
+        g = -counts["_lhs"]  # counts down with the linear lhs groups
+        ys = [self.mm_kind[m][1] for m in members]
+        sizes = [self.shapes[y][-1] for y in ys]
+        self.split_sizes(sizes)
+        shp = self.shapes[members[0]]
+        out = _vec([*shp[:-1], sum(sizes)])
+        self.facts.append(_app("set", _app("group_vec", g, 1), _vec(self.operand(y) for y in ys)))
+        self.facts += [_app("matmul_lhs_slot", self.operand(x), tid, g, _vec(sizes), len(self.shapes[ys[0]]) - 1,
+                            len(shp) - 1, out, i) for i in range(len(members))]
 
     def seed_batch_matmul_groups(self, reach, counts, ancestors: _Ancestors) -> None:
         """Matmuls (torch.matmul, @: they broadcast over a new batch dim, bmm does not) whose

@@ -98,3 +98,20 @@ def test_dot_products_that_inductor_computes_elementwise_stay_apart():
     wider, report = optimize_with(torch.fx.symbolic_trace(attend_rows), batch_matmul_lhs, torch.randn(2, 8), k1, k2)
     assert report.groups["matmul_lhs"] == 1 and fired(report, "batch-matmul-lhs")
     assert calls(wider, operator.matmul) == 3  # one score product of the concatenated keys, two weighted sums
+
+
+def test_batch_matmul_lhs_in_the_order_a_cat_reads_it():
+    """Three products of one query that a cat reads in reverse order: seeded in the cat's order
+    too, the concatenated product is the result, with no split or cat of its pieces."""
+    from optimus_egg.rules.split_cat import split_cat
+
+    def before(x, k1, k2, k3):
+        a, b, c = x @ k1, x @ k2, x @ k3
+        return torch.cat([c, b, a], 1)
+
+    x, ks = torch.randn(4, 8), [torch.randn(8, n) for n in (3, 5, 2)]
+    after, report = optimize_with(before, (batch_matmul_lhs, split_cat), x, *ks)
+    assert report.groups["matmul_lhs"] == 2 and fired(report, "batch-matmul-lhs")
+    assert calls(after, operator.matmul) == 1 and calls(after, torch.split) == 0
+    out = next(n for n in after.graph.nodes if n.op == "output").args[0]
+    assert out.target is operator.matmul
