@@ -1,4 +1,6 @@
 """rewrite_greedily: the bench's "rules one family at a time, no search" ablation."""
+import io
+
 import pytest
 import torch
 from optimus_egg.extract.fusion_cost import fused_launches
@@ -6,6 +8,7 @@ from optimus_egg.models import build
 from optimus_egg.rules import SCHEDULE_ORDER
 from torch import fx
 
+from optimus_egg import bench
 from optimus_egg.ablation import GreedyReport, rewrite_greedily
 
 
@@ -48,6 +51,23 @@ def test_never_costlier_than_the_input(parallel_mlp):
     report = out.meta["optimus_egg_greedy"]
     assert report.cost_after < report.cost_before
     assert fused_launches(out) <= fused_launches(gm)
+
+
+def test_the_bench_table_says_which_step_kept_its_input(parallel_mlp):
+    """parallel_mlp at batch 8: the batch_layernorm step finds a cheaper graph that the fusion
+    estimate rejects; the bench row says a step kept its input (the ablation's result is
+    still its own), and the compare table keeps the long stop cell apart from the next."""
+    _, _, out = parallel_mlp
+    report = out.meta["optimus_egg_greedy"]
+    assert report.kept_input.startswith("batch_layernorm: the fusion estimate predicts")
+    fields = bench._report_fields(report)
+    assert fields["stop_reason"] == "fixpoint (a step kept its input)"
+    row = dict.fromkeys(bench.COLUMNS, "")
+    row.update(model="parallel_mlp", mode="infer", arm="greedy_rules", fx_nodes=37, rounds=3,
+               values_match=True, **fields)
+    text = io.StringIO()
+    bench.print_table([row], text)
+    assert "fixpoint (a step kept its input) match" in text.getvalue()
 
 
 def test_max_passes_stops_early(parallel_mlp):

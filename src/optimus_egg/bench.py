@@ -235,14 +235,24 @@ def fx_shapes(gm: fx.GraphModule, inputs: Sequence[Any]):
     return lambda n: getattr(values.get(n), "shape", None)
 
 
+def _outcome(report) -> str:
+    """What the stop column adds: the input came back, or (the ablation's report, one per
+    family step) one of its steps' did."""
+    step = "a step " if hasattr(report, "steps") else ""
+    if report.fallback:
+        return f" ({step}fell back)" if step else " (fallback)"
+    if report.kept_input:
+        return f" ({step}kept its input)" if step else " (kept the input)"
+    return ""
+
+
 def _report_fields(report) -> dict[str, Any]:
     if report is None:
         return dict(egraph_nodes="", iterations="", stop_reason="", cost_before="", cost_after="", changed="")
     return dict(
         egraph_nodes=report.egraph_nodes,
         iterations=report.iterations,
-        stop_reason=report.stop_reason + (" (fallback)" if report.fallback else
-                                          " (kept the input)" if report.kept_input else ""),
+        stop_reason=report.stop_reason + _outcome(report),
         cost_before=round(report.cost_before, 3),
         cost_after=round(report.cost_after, 3),
         changed=report.changed,
@@ -490,11 +500,12 @@ def print_table(rows: list[dict], out: TextIO | None = None) -> None:
         return
     out = out or sys.stdout
     r0 = rows[0]
+    stop_w = max(11, *(len(str(r["stop_reason"] or "-")) + 1 for r in rows))
     print(f"\n{r0['model']} ({r0['mode']}) on {device_of(r0)}, {r0['fx_nodes']} FX nodes, 1 torch thread, "
           f"{r0['rounds']} interleaved rounds", file=out)
     head = (f"{'arm':<20}{'launches':>9}{'extern':>7}{'kernels':>8}{'prof.':>6}{'pred':>7}{'optimize s':>11}"
             f"{'compile s':>10}{'total s':>9}{'median ms':>10}{'vs ind.':>8}{'RSS MB':>8}{'e-nodes':>8}"
-            f"  {'stop':<11}values")
+            f"  {'stop':<{stop_w}}values")
     print(head, file=out)
     print("-" * len(head), file=out)
     for r in rows:
@@ -504,7 +515,7 @@ def print_table(rows: list[dict], out: TextIO | None = None) -> None:
         print(f"{r['arm']:<20}{_num(r['launches'], 'g'):>9}{_num(r['extern'], 'g'):>7}{_num(r['kernels'], 'g'):>8}"
               f"{_num(r.get('profiled_launches'), 'g'):>6}{_num(r['pred_launches'], '.2f'):>7}{_num(r['optimize_s'], '.2f'):>11}{_num(r['compile_s'], '.2f'):>10}"
               f"{_num(r['total_compile_s'], '.2f'):>9}{_num(r['median_ms'], '.3f'):>10}{_num(r['ratio'], '.2f'):>8}"
-              f"{_num(r['peak_rss_mb'], '.0f'):>8}{_num(r['egraph_nodes'], 'g'):>8}  {str(r['stop_reason'] or '-'):<11}"
+              f"{_num(r['peak_rss_mb'], '.0f'):>8}{_num(r['egraph_nodes'], 'g'):>8}  {str(r['stop_reason'] or '-'):<{stop_w}}"
               f"{values}", file=out)
     fired = [(r["arm"], r["rule_counters"]) for r in rows if r["rule_counters"]]
     if fired:
