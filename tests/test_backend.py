@@ -71,18 +71,23 @@ def test_backend_by_name_training_gradients_match_eager(monkeypatch):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")
 
 
+@pytest.mark.parametrize("error", ["RuntimeError", "InductorError"])
 @pytest.mark.parametrize("strict", [False, True], ids=["fallback", "strict"])
-def test_backend_compiles_the_unmodified_graph_when_inductor_fails_on_the_optimized_one(monkeypatch, strict):
+def test_backend_compiles_the_unmodified_graph_when_inductor_fails_on_the_optimized_one(monkeypatch, strict, error):
     """An Inductor failure on the rewritten graph is an optimizer failure: a warning and the
-    graph Dynamo captured, compiled as usual (strict: the error)."""
+    graph Dynamo captured, compiled as usual (strict: the error). Inductor wraps what fails
+    inside it (a post-grad pass raising IndexError) in an InductorError, which is one of
+    Dynamo's own exceptions (BackendCompilerFailed), not one of its signals."""
     import torch._inductor.compile_fx as inductor
+    from torch._inductor.exc import InductorError
 
     real, compiled = inductor.compile_fx, []
 
     def fails_on_rewritten(gm, example_inputs, **kw):
         report = gm.meta.get("optimus_egg")
         if report is not None and report.changed:
-            raise RuntimeError("Inductor failure")
+            failure = RuntimeError("Inductor failure")
+            raise failure if error == "RuntimeError" else InductorError(failure, None)
         compiled.append(gm)
         return real(gm, example_inputs, **kw)
 

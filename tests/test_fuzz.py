@@ -930,16 +930,6 @@ def _same_training(got, expected) -> bool:
         return False
 
 
-def test_a_program_whose_rewritten_backward_broke_a_post_grad_pass_trains():
-    """Found by the test above: two linears on one part and a div of stacked pieces. torch
-    2.13's select_cat_aten_pass raised IndexError in Inductor on the rewritten graph's
-    backward; the backend leaves that pass out (baselines.EGG_POST_GRAD)."""
-    prog = _prog([("fanout", 0, False, (0, 1)), ("stack_binary", "div", -1, "tanh", (0, 2))], d=8, b=3, seed=0)
-    model, x = Program(prog).eval(), make_input(prog)
-    got = _trained(model, x, optimus_egg.backend(budget_s=0.5, strict=True))
-    _assert_same_training(got, _trained(model, x, None))
-
-
 _MORE_LAUNCHES = {
     # bench/differential.py --seed 2: two products batched as stacks (a tie in the per-node
     # launches; greedy's fixpoint shared their operands between the items) and a tanh over a
@@ -1095,6 +1085,32 @@ def test_a_random_draw_keeps_its_operand_layout():
 def _prog(steps, n=3, d=4, b=2, split="split", out="cat", **kw):
     return {"n": n, "d": d, "b": b, "steps": tuple(steps), "split": split, "out": out, "tap": None, "block": None,
             "special": False, "dtype": torch.float32, "seed": 7, **kw}
+
+
+_BROKE_A_POST_GRAD_PASS = {
+    # Two linears on one part and a div of stacked pieces: torch 2.13's select_cat_aten_pass
+    # raised IndexError in Inductor on the rewritten graph's backward.
+    "select_cat": _prog([("fanout", 0, False, (0, 1)), ("stack_binary", "div", -1, "tanh", (0, 2))], d=8, b=3, seed=0),
+    # A wide GEMM's split piece and a piece of `unbind(relu)` among twelve forward outputs (the
+    # saved tensors): torch 2.13's split_cat_aten_pass took the output tuple for a cat of split
+    # pieces and raised IndexError reading the unbind's split sizes (--hypothesis-seed=1813).
+    "split_cat": {"n": 4, "d": 8, "b": 4, "steps": (("fanout", 3, False, [0, 1, 2, 3]), ("fanout", 0, True, [2]),
+                                                    ("squeeze_split", 1, 1, 2), ("pointwise", "relu", 2, [0, 1]),
+                                                    ("binary_batch", "sub", 0, [0, 1, 3], 1), ("uneven", "gelu", (2, 30)),
+                                                    ("broadcast", "sub", "param", [0, 1, 3]), ("binary", 1, 0, "div", 0)),
+                  "split": "method_split", "out": "tuple", "tap": (3, 1), "block": None, "special": False,
+                  "dtype": torch.float64, "seed": 708},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BROKE_A_POST_GRAD_PASS))
+def test_a_program_whose_rewritten_graph_broke_a_post_grad_pass_trains(name):
+    """Found by the test above: torch 2.13 post-grad passes that raised inside Inductor on a
+    rewritten graph; the backend leaves them out (baselines.EGG_POST_GRAD)."""
+    prog = _BROKE_A_POST_GRAD_PASS[name]
+    model, x = Program(prog).to(prog["dtype"]).eval(), make_input(prog)
+    got = _trained(model, x, optimus_egg.backend(budget_s=0.5, strict=True))
+    _assert_same_training(got, _trained(model, x, None))
 
 
 _NESTED = {"sizes1": (3, 6, 3), "j": 1, "sizes2": (2, 4), "spell1": ("split", "narrow", "torch_narrow"),

@@ -41,9 +41,12 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
         try:
             return inductor(out)
         except Exception as e:
-            # Dynamo's own signals (a restart of the capture, RestartAnalysis) pass through
-            if (not out.meta["optimus_egg"].changed or options.get("strict")
-                    or isinstance(e, torch._dynamo.exc.TorchDynamoException)):
+            # Dynamo's own signals (a restart of the capture, RestartAnalysis) pass through; an
+            # Inductor error is one of Dynamo's exceptions too (InductorError is a
+            # BackendCompilerFailed) and is a failure like any other
+            exc = torch._dynamo.exc
+            signal = isinstance(e, exc.TorchDynamoException) and not isinstance(e, exc.BackendCompilerFailed)
+            if not out.meta["optimus_egg"].changed or options.get("strict") or signal:
                 raise
             warnings.warn(f"optimus_egg: Inductor failed on the optimized graph ({type(e).__name__}: {e}); "
                           "compiling the unmodified graph", RuntimeWarning, stacklevel=2)

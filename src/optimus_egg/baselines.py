@@ -134,12 +134,17 @@ _REFINED = {"batch_linear_post_grad": SAME_DTYPE_BATCH_LINEAR, "batch_aten_mul":
 # The left-out batch_aten_* stack operands that Inductor then copies: on CPU, training step
 # time and on wukong a launch; batch_aten_mul saves hstu one. Measurements: README, Design
 # ("The backward is left to PyTorch's post-grad passes").
-# Also left out: select_cat_aten_pass. It changes no launch count on any bench model (inference
-# or training, measured), and torch 2.13's version takes every user of a cat's input for a
-# select: on the backward of a rewritten graph it raised IndexError inside Inductor.
+# Also left out: select_cat_aten_pass and split_cat_aten_pass. Neither changes a launch count on
+# any bench model (inference or training, measured), and torch 2.13's versions raise IndexError
+# inside Inductor on graphs optimus_egg's rewrites make likelier: select_cat_aten_pass takes every
+# user of a cat's input for a select (the backward of a rewritten graph); split_cat_aten_pass takes
+# every user of a split piece for a cat, the graph's output tuple included, and then every getitem
+# among those outputs for a split piece (a training forward returns its saved tensors: with ten or
+# more, and a piece of an `unbind(x)` among them, it reads the unbind's missing split sizes).
+_LEFT_OUT = ("select_cat_aten_pass", "split_cat_aten_pass")
 EGG_POST_GRAD: dict[str, dict[str, Any]] = {
     _REFINED.get(k, k): v for k, v in OPTIMUS_POST_GRAD.items()
-    if (not k.startswith("batch_aten_") or k == "batch_aten_mul") and k != "select_cat_aten_pass"
+    if (not k.startswith("batch_aten_") or k == "batch_aten_mul") and k not in _LEFT_OUT
 }
 
 
