@@ -109,6 +109,50 @@ def test_backend_compiles_the_unmodified_graph_when_inductor_fails_on_the_optimi
     assert sum(n.target is torch._C._nn.linear for n in compiled[0].graph.nodes) == 6
 
 
+def _drop_a_gradient(gm: torch.fx.GraphModule) -> None:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    out.args = (tuple(out.args[0])[:-1],)
+    gm.recompile()
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["fallback", "strict"])
+def test_backend_compiles_the_backward_without_the_post_grad_passes_when_inductor_fails_on_it(monkeypatch, strict):
+    """The backward is compiled on the first backward call, when the forward (the optimized
+    graph) has run: a post-grad pass raising inside Inductor there (torch 2.13's
+    select_cat_aten_pass did) gives a warning and the backward compiled without the post-grad
+    passes, from the graph as it was before the failed attempt; gradients equal eager's."""
+    import torch._inductor.compile_fx as inductor
+    from torch._inductor import config
+    from torch._inductor.exc import InductorError
+
+    real, backward_with_passes = inductor.compile_fx_inner, []
+
+    def fails_on_the_backward_with_passes(gm, example_inputs, **kw):
+        if kw.get("is_backward"):
+            backward_with_passes.append(bool(config.post_grad_fusion_options))
+            if config.post_grad_fusion_options:
+                _drop_a_gradient(gm)  # a graph a pass that raised midway left behind
+                raise InductorError(IndexError("tuple index out of range"), None)
+        return real(gm, example_inputs, **kw)
+
+    monkeypatch.setattr(inductor, "compile_fx_inner", fails_on_the_backward_with_passes)
+    torch.manual_seed(0)
+    m, x = Parallel(), torch.randn(8, 96)
+    ref = Parallel()
+    ref.load_state_dict(m.state_dict())
+    loss = torch.compile(m, backend=optimus_egg.backend(budget_s=5.0, strict=strict))(x).square().sum()
+    if strict:
+        with pytest.raises(Exception, match="tuple index out of range"):
+            loss.backward()
+        return
+    with pytest.warns(RuntimeWarning, match="failed on the backward with the post-grad passes"):
+        loss.backward()
+    assert backward_with_passes == [True, False]
+    ref(x).square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s, n=name: f"{n}: {s}")
+
+
 def test_eight_parallel_linears_launch_one_gemm():
     from optimus_egg.measure import compile_inductor
     from optimus_egg.testing import calls

@@ -19,7 +19,9 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
 
     If Inductor fails on the optimized graph, the backend warns and compiles the graph Dynamo
     gave it instead (with `strict=True` it raises). The backward is compiled lazily, on the
-    first backward call, outside this fallback.
+    first backward call, when the forward can no longer be swapped: if Inductor fails on it
+    with the post-grad passes, the backend warns and compiles it again without them (a copy
+    of the graph as it was: a pass that raised may have left it half rewritten).
     """
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -32,21 +34,36 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
         )
         from optimus_egg.pipeline import optimize
 
+        compile_inner = backward_patched(EGG_BACKWARD)
+
+        def inner(g: torch.fx.GraphModule, inputs, **kw):
+            if not (kw.get("is_backward") and post_grad) or options.get("strict"):
+                return compile_inner(g, inputs, **kw)
+            from torch._inductor import config
+
+            from optimus_egg.measure import copy_graph_module
+
+            original = copy_graph_module(g)
+            try:
+                return compile_inner(g, inputs, **kw)
+            except Exception as e:
+                if _dynamo_signal(e):
+                    raise
+                warnings.warn(f"optimus_egg: Inductor failed on the backward with the post-grad passes "
+                              f"({type(e).__name__}: {e}); compiling it without them", RuntimeWarning, stacklevel=2)
+            with config.patch(post_grad_fusion_options={}):
+                return compile_inner(original, inputs, **kw)
+
         def inductor(g: torch.fx.GraphModule):
             # compile_fx re-applies its config_patches when it compiles the backward later
-            return compile_fx(g, example_inputs, inner_compile=backward_patched(EGG_BACKWARD),
+            return compile_fx(g, example_inputs, inner_compile=inner,
                               config_patches=post_grad_patches(EGG_POST_GRAD) if post_grad else None)
 
         out = optimize(gm, list(example_inputs), budget_s, **options)
         try:
             return inductor(out)
         except Exception as e:
-            # Dynamo's own signals (a restart of the capture, RestartAnalysis) pass through; an
-            # Inductor error is one of Dynamo's exceptions too (InductorError is a
-            # BackendCompilerFailed) and is a failure like any other
-            exc = torch._dynamo.exc
-            signal = isinstance(e, exc.TorchDynamoException) and not isinstance(e, exc.BackendCompilerFailed)
-            if not out.meta["optimus_egg"].changed or options.get("strict") or signal:
+            if not out.meta["optimus_egg"].changed or options.get("strict") or _dynamo_signal(e):
                 raise
             warnings.warn(f"optimus_egg: Inductor failed on the optimized graph ({type(e).__name__}: {e}); "
                           "compiling the unmodified graph", RuntimeWarning, stacklevel=2)
@@ -54,6 +71,14 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
 
     compile_fn.__name__ = "optimus_egg"
     return compile_fn
+
+
+def _dynamo_signal(e: Exception) -> bool:
+    """Is `e` one of Dynamo's own signals (a restart of the capture, RestartAnalysis), which pass
+    through? An Inductor error is one of Dynamo's exceptions too (InductorError is a
+    BackendCompilerFailed) and is a failure like any other."""
+    exc = torch._dynamo.exc
+    return isinstance(e, exc.TorchDynamoException) and not isinstance(e, exc.BackendCompilerFailed)
 
 
 def optimus_egg_backend(gm: torch.fx.GraphModule, example_inputs):
