@@ -1,4 +1,6 @@
 """torch.compile(model, backend="optimus_egg"): inference and training through Inductor."""
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -107,6 +109,35 @@ def test_backend_compiles_the_unmodified_graph_when_inductor_fails_on_the_optimi
     assert compiled and all(g is compiled[0] for g in compiled)
     assert "optimus_egg" not in compiled[0].meta  # Dynamo's own graph
     assert sum(n.target is torch._C._nn.linear for n in compiled[0].graph.nodes) == 6
+
+
+def test_backend_compiles_dynamos_graph_without_the_post_grad_passes_when_they_fail_on_it_too(monkeypatch):
+    """A post-grad pass that raises inside Inductor on the optimized graph and on Dynamo's:
+    the backend ends where plain torch.compile would be, Dynamo's graph without the passes,
+    with a warning for each step."""
+    import torch._inductor.compile_fx as inductor
+    from torch._inductor.exc import InductorError
+
+    real, compiled = inductor.compile_fx, []
+
+    def fails_with_the_passes(gm, example_inputs, **kw):
+        if kw.get("config_patches"):
+            raise InductorError(IndexError("tuple index out of range"), None)
+        compiled.append(gm)
+        return real(gm, example_inputs, **kw)
+
+    monkeypatch.setattr(inductor, "compile_fx", fails_with_the_passes)
+    torch.manual_seed(0)
+    m, x = Parallel().eval(), torch.randn(8, 96)
+    fn = torch.compile(m, backend=optimus_egg.backend(budget_s=5.0))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = fn(x)
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert any("failed on the optimized graph" in w for w in said), said
+    assert any("failed with the post-grad passes" in w and "without them" in w for w in said), said
+    torch.testing.assert_close(got, m(x))
+    assert compiled and "optimus_egg" not in compiled[0].meta  # Dynamo's own graph
 
 
 def _drop_a_gradient(gm: torch.fx.GraphModule) -> None:

@@ -18,7 +18,8 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
     bug). Other options go to `optimize`.
 
     If Inductor fails on the optimized graph, the backend warns and compiles the graph Dynamo
-    gave it instead (with `strict=True` it raises). The backward is compiled lazily, on the
+    gave it instead, and if that fails with the post-grad passes, that graph without them, as
+    plain torch.compile would (with `strict=True` it raises). The backward is compiled lazily, on the
     first backward call, when the forward can no longer be swapped: if Inductor fails on it
     with the post-grad passes, the backend warns and compiles it again without them (a copy
     of the graph as it was: a pass that raised may have left it half rewritten).
@@ -54,20 +55,32 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
             with config.patch(post_grad_fusion_options={}):
                 return compile_inner(original, inputs, **kw)
 
-        def inductor(g: torch.fx.GraphModule):
+        def inductor(g: torch.fx.GraphModule, passes: bool = post_grad):
             # compile_fx re-applies its config_patches when it compiles the backward later
-            return compile_fx(g, example_inputs, inner_compile=inner,
-                              config_patches=post_grad_patches(EGG_POST_GRAD) if post_grad else None)
+            return compile_fx(g, example_inputs, inner_compile=inner if passes else compile_inner,
+                              config_patches=post_grad_patches(EGG_POST_GRAD) if passes else None)
 
         out = optimize(gm, list(example_inputs), budget_s, **options)
         try:
             return inductor(out)
         except Exception as e:
-            if not out.meta["optimus_egg"].changed or options.get("strict") or _dynamo_signal(e):
+            if options.get("strict") or _dynamo_signal(e):
                 raise
-            warnings.warn(f"optimus_egg: Inductor failed on the optimized graph ({type(e).__name__}: {e}); "
-                          "compiling the unmodified graph", RuntimeWarning, stacklevel=2)
-            return inductor(gm)
+            failure = e
+        if out.meta["optimus_egg"].changed:
+            warnings.warn(f"optimus_egg: Inductor failed on the optimized graph ({type(failure).__name__}: "
+                          f"{failure}); compiling the unmodified graph", RuntimeWarning, stacklevel=2)
+            try:
+                return inductor(gm)
+            except Exception as e:
+                if _dynamo_signal(e):
+                    raise
+                failure = e
+        if not post_grad:
+            raise failure
+        warnings.warn(f"optimus_egg: Inductor failed with the post-grad passes ({type(failure).__name__}: "
+                      f"{failure}); compiling the unmodified graph without them", RuntimeWarning, stacklevel=2)
+        return inductor(gm, passes=False)
 
     compile_fn.__name__ = "optimus_egg"
     return compile_fn
