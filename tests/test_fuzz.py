@@ -1105,8 +1105,9 @@ _BROKE_A_POST_GRAD_PASS = {
 
 @pytest.mark.parametrize("name", sorted(_BROKE_A_POST_GRAD_PASS))
 def test_a_program_whose_rewritten_graph_broke_a_post_grad_pass_trains(name):
-    """Found by the test above: torch 2.13 post-grad passes that raised inside Inductor on a
-    rewritten graph; the backend leaves them out (baselines.EGG_POST_GRAD)."""
+    """Found by test_random_program_trains_through_the_backend: torch 2.13 post-grad passes
+    that raised inside Inductor on a rewritten graph; the backend leaves them out
+    (baselines.EGG_POST_GRAD)."""
     prog = _BROKE_A_POST_GRAD_PASS[name]
     model, x = Program(prog).to(prog["dtype"]).eval(), make_input(prog)
     got = _trained(model, x, optimus_egg.backend(budget_s=0.5, strict=True))

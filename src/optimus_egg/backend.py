@@ -19,10 +19,10 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
 
     If Inductor fails on the optimized graph, the backend warns and compiles the graph Dynamo
     gave it instead, and if that fails with the post-grad passes, that graph without them, as
-    plain torch.compile would (with `strict=True` it raises). The backward is compiled lazily, on the
-    first backward call, when the forward can no longer be swapped: if Inductor fails on it
-    with the post-grad passes, the backend warns and compiles it again without them (a copy
-    of the graph as it was: a pass that raised may have left it half rewritten).
+    plain torch.compile would (with `strict=True` it raises). The backward is compiled lazily,
+    on the first backward call, when the forward can no longer be swapped: if Inductor fails
+    on it with the post-grad passes, the backend warns and compiles it again without them (a
+    copy of the graph as it was: a pass that raised may have left it half rewritten).
     """
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
