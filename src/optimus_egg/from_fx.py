@@ -23,7 +23,7 @@ import itertools
 import math
 import operator
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,12 +332,20 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     return [n for n in graph.nodes if (n in touched and n.op not in ("placeholder", "get_attr")) or n in impure]
 
 
-def _depths(graph: fx.Graph, free: Callable[[fx.Node], bool] = lambda n: False) -> dict[fx.Node, int]:
+def _depths(graph: fx.Graph, free: Callable[[fx.Node], bool] = lambda n: False,
+            same_as: Mapping[fx.Node, fx.Node] | None = None) -> dict[fx.Node, int]:
     """Each node's depth: the most nodes on a path from a graph input, counting only nodes
     that are not `free`. Two nodes at one depth are independent as long as neither is free
-    (a path into a node that is not free ends deeper)."""
+    (a path into a node that is not free ends deeper). A node in `same_as` takes the depth of
+    the node it equals (a split piece of a cat that is exactly one operand: the rules cancel
+    the two), so its path runs through that operand alone; two nodes at one depth may then
+    depend on each other through the uncancelled pair, a cycle extraction never closes."""
     depth: dict[fx.Node, int] = {}
+    same_as = same_as or {}
     for n in graph.nodes:
+        if n in same_as:
+            depth[n] = depth[same_as[n]]
+            continue
         depth[n] = (0 if free(n) else 1) + max((depth[a] for a in n.all_input_nodes), default=-1)
     return depth
 
@@ -380,6 +388,8 @@ class _Lowerer:
         self.reading: list[str] = []            # variables read by the node being lowered
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}  # symbolic sizes as sentinels (shapes.py)
         self.cats: dict[fx.Node, tuple[int, list[fx.Node]]] = {}  # cat -> (dim, operands)
+        self.stacks: dict[fx.Node, tuple[int, list[fx.Node]]] = {}  # stack -> (dim, operands)
+        self.splits: dict[fx.Node, tuple[fx.Node, int, list[int] | None]] = {}  # split / unbind -> (x, dim, sizes)
         self.symbols = size_symbols(gm)
         self.shape_seeded: set[fx.Node | str] = set()  # values whose shape fact is seeded (see sliced)
         self.effects = _ordered_effects(gm.graph, self.modules, mutated)
@@ -600,8 +610,7 @@ class _Lowerer:
             d = self.dim(n, d, xs[0], extra) if xs else d
             if d is None:
                 return None
-            if key in _CAT:
-                self.cats[n] = (d, list(xs))
+            (self.cats if key in _CAT else self.stacks)[n] = (d, list(xs))
             return _app("stack" if key in _STACK else "cat", _vec(self.operand(a) for a in xs), d)
         if key in _SPLIT or key in _CHUNK:
             return self.make_split(n, key in _CHUNK)
@@ -611,6 +620,7 @@ class _Lowerer:
             if d is None or not self.tuple_valued(n) or x not in self.shapes or self.shapes[x][d] >= SYMBOLIC_MIN:
                 return None
             self.kind[n] = ("n", self.shapes[x][d])
+            self.splits[n] = (x, d, None)
             return ("pieces", _app("unbind", self.sliced(x), d))
         if key in _SELECT:
             x, d, i = self.arg(n, 0, "input" if n.op == "call_function" else "self"), self.arg(n, 1, "dim"), self.arg(n, 2, "index")
@@ -821,6 +831,7 @@ class _Lowerer:
         if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) for s in sizes):
             return None
         self.kind[n] = ("n", len(sizes))
+        self.splits[n] = (x, d, list(sizes))
         self.split_sizes(sizes)
         return ("pieces", _app("split", self.sliced(x), _vec(sizes), d))
 
@@ -969,8 +980,35 @@ class _Lowerer:
             return False
         return n in self.identities or n.op in ("call_function", "call_method") and _name(n.target) in VIEW_TARGETS
 
+    def same_as(self) -> dict[fx.Node, fx.Node]:
+        """Pieces that are exactly one operand of what they were cut from: item i of a split of
+        a cat whose piece spans one operand on the cat's dim, item i of an unbind of a stack on
+        its dim (the rules cancel both: narrow-of-cat-operand, unbind-of-stack)."""
+        out: dict[fx.Node, fx.Node] = {}
+        for src, (x, d, sizes) in self.splits.items():
+            whole = self.stacks if sizes is None else self.cats
+            if x not in whole or whole[x][0] != d:
+                continue
+            xs = whole[x][1]
+            if sizes is None:
+                at = dict(enumerate(xs))
+            else:
+                at, start = {}, 0
+                for y in xs:
+                    shp = self.shapes.get(y, ())
+                    if len(shp) <= d or shp[d] >= SYMBOLIC_MIN:
+                        break
+                    at[(start, shp[d])] = y
+                    start += shp[d]
+                starts = [sum(sizes[:i]) for i in range(len(sizes))]
+                at = {i: at[(s, z)] for i, (s, z) in enumerate(zip(starts, sizes)) if (s, z) in at}
+            for u in src.users:
+                if u.target is operator.getitem and isinstance(u.args[1], int) and u.args[1] in at:
+                    out[u] = at[u.args[1]]
+        return out
+
     def seed_groups(self) -> dict[str, int]:
-        depth = _depths(self.gm.graph, self.free)
+        depth = _depths(self.gm.graph, self.free, self.same_as())
         reach = self.grad_reach = _grad_reach(self.gm.graph, self.values)
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, k in self.kind.items():

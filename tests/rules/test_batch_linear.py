@@ -1,3 +1,4 @@
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -230,3 +231,62 @@ def test_linear_of_pieces_fewer_launches_and_gradients():
         sum(o.sum() for o in g(x)).backward()
         grads.append(m.l.weight.grad.clone())
     torch.testing.assert_close(grads[0], grads[1])
+
+
+class LinearOfACatOperand(nn.Module):
+    """u = lin_u(x); p, q = split(cat([u, y]), [8, 8], 1) (or unbind(stack([u, y]))); lin_w(p)
+    and lin_k(tanh(y)). p is u: the rules cancel the pair (narrow-of-cat-operand,
+    unbind-of-stack), so lin_w is one linear deep, beside lin_k. Cut by depth in the input
+    graph (the cat counted) the three were three GEMMs; looking through the cancelled pair,
+    lin_w and lin_k are one batch."""
+
+    def __init__(self, cut):
+        super().__init__()
+        self.cut = cut
+        self.u, self.w, self.k = (nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x, y):
+        u = self.u(x)
+        if self.cut == "split":
+            p, q = torch.cat([u, y], 1).split([8, 8], 1)
+        else:
+            p, q = torch.stack([u, y]).unbind(0)
+        return self.w(p), self.k(y.tanh()), q * 2
+
+
+@pytest.mark.parametrize("cut, family, rule", [("split", "merge_splits", "narrow-of-cat-operand"),
+                                              ("unbind", "unbind_stack", "unbind-of-stack")])
+def test_batch_linear_groups_by_depth_through_a_cancelled_pair(cut, family, rule):
+    from optimus_egg.rules import RULESETS
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    after, report = optimize_with(LinearOfACatOperand(cut), (batch_linear, RULESETS[family]), x, y)
+    assert fired(report, rule) and fired(report, "batch-linear")
+    assert calls(after, ops.batched_linear) == 1 and calls(after, nn.Linear) + calls(after, F.linear) == 1
+
+
+class LinearOfAPieceBesideTheOtherOperand(nn.Module):
+    """b(x) is cat's second operand; a reads the first piece, which is y. Through the cat, a
+    depends on b in the input graph, yet both are one linear deep (the piece is y): their group
+    is independent only once the cat and split cancel."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        p0, p1 = torch.cat([y, self.b(x)], 1).split([8, 8], 1)
+        return self.a(p0), p1 * 3
+
+
+@pytest.mark.parametrize("cancel", [True, False])
+def test_a_group_independent_only_through_a_cancelled_pair_never_closes_a_cycle(cancel):
+    """With merge_splits the two linears are one batch (reading y); without it the batch would
+    read its own output through the cat, and extraction keeps the two apart."""
+    from optimus_egg.rules.merge_splits import merge_splits
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    families = (batch_linear, merge_splits) if cancel else batch_linear
+    after, report = optimize_with(LinearOfAPieceBesideTheOtherOperand(), families, x, y)
+    assert fired(report, "batch-linear")
+    assert calls(after, ops.batched_linear) == (1 if cancel else 0)
