@@ -61,10 +61,9 @@ def rules_table() -> str:
         src = (here / f"{family}.py").read_text()
         mirrors = {}
         for m in re.finditer(r"# mirrors: (.+)", src):
-            name = re.compile(r'(?:rw\(|rw_both\(|name=)"([a-z0-9-]+)"').search(src, m.end())
+            name = re.compile(r'(?:rw\(|name=)"([a-z0-9-]+)"').search(src, m.end())
             if name:
                 mirrors.setdefault(name.group(1), m.group(1).strip())
-                mirrors.setdefault(name.group(1) + "/rev", m.group(1).strip())
         for name in rule_names(family):
             test = f"tests/rules/test_{family}.py::test_{name.replace('-', '_').replace('/', '_')}"
             rows.append(f"| {family} | `{name}` | {mirrors.get(name, '?')} | `{test}` |")

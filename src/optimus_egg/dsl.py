@@ -8,8 +8,3 @@ def rw(name: str, lhs, rhs, *guards):
     """`lhs -> rhs` when every guard holds, as a named rule."""
     return rule(lhs, *guards, name=name).then(union(lhs).with_(rhs))
 
-
-def rw_both(name: str, a, b, *guards):
-    """A reversible identity: yields `name` (a -> b) and `name/rev` (b -> a)."""
-    yield rw(name, a, b, *guards)
-    yield rw(f"{name}/rev", b, a, *guards)

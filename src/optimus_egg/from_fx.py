@@ -98,7 +98,6 @@ class Lowered:
     root: str                             # the Outputs term (egglog text)
     output_args: Any                      # output structure with Slots into root's Vec
     n_outputs: int                        # root entries that are real outputs (the rest keep effects)
-    exprs: dict[fx.Node, Any]
     groups: dict[str, int] = field(default_factory=dict)
     shapes: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
     cost_table: str = "cpu"               # extract/launch_cost.py TABLES entry that prices it
@@ -1411,4 +1410,4 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   lw.expr, groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes, lw.grad_reach)
+                   groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes, lw.grad_reach)
