@@ -3,13 +3,16 @@ the ablation's graph is cheaper under the cost model, compile all three graphs (
 optimus_egg, ablation) with Inductor and count launches; the summary also says how often the
 fusion estimate (extract/fusion_cost.py, optimize()'s last check) predicted those counts.
 
-    python bench/differential.py [--seed 1] [--programs 150] [--all]
+    python bench/differential.py [--seed 1] [--programs 150] [--all] [--optimus]
 
 Programs are the fuzz suite's (tests/test_fuzz.py `programs()`), drawn with a fixed hypothesis
 seed, traced with symbolic_trace, optimized at 2 s. A program where the ablation is cheaper
 points at an equality the e-graph lacks (how masknet's missing `even_split` fact was found) or
 at a blind spot of the cost model; the launch columns say which. `--all` compiles every
-program, not only those. Prints one row per compiled program and a summary.
+program, not only those. `--optimus` compiles a fourth graph per program, PyTorch's Optimus
+(its pre-grad passes, as the bench's inference arm: `baselines.inductor_with_optimus(...,
+post_grad=False)`), and counts the programs where it launches fewer than optimus_egg, or where
+its passes raise. Prints one row per compiled program and a summary.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from torch import fx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
-def run(seed: int, programs: int, every: bool) -> None:
+def run(seed: int, programs: int, every: bool, with_optimus: bool = False) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
     from test_fuzz import Program, make_input
@@ -32,6 +35,7 @@ def run(seed: int, programs: int, every: bool) -> None:
 
     from optimus_egg import optimize
     from optimus_egg.ablation import rewrite_greedily
+    from optimus_egg.baselines import inductor_with_optimus
     from optimus_egg.bench import fx_shapes
     from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.measure import compile_inductor
@@ -41,6 +45,14 @@ def run(seed: int, programs: int, every: bool) -> None:
 
     rows: list[tuple] = []
     estimates: list[int] = []  # fused_launches - Inductor's launches, per compiled graph
+    optimus: list[tuple[int, int | None]] = []  # (optimus_egg's launches, Optimus's or None where it raised)
+
+    def optimus_launches(gm, x) -> int | None:
+        try:
+            return compile_inductor(inductor_with_optimus(gm, [x], post_grad=False), [x]).launches.total
+        except Exception as e:  # Optimus's passes are not optimus_egg's to fix: count, go on
+            print(f"    Optimus raised {type(e).__name__}: {str(e)[:120]}", flush=True)
+            return None
 
     @settings(max_examples=programs, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @hypothesis_seed(seed)
@@ -59,8 +71,15 @@ def run(seed: int, programs: int, every: bool) -> None:
         estimates.extend(fused_launches(g, fx_shapes(g, [x])) - n for g, n in zip((gm, egg, greedy), launches))
         flag = ("  optimus_egg above its input" if launches[1] > launches[0] else
                 "  ablation fewer" if launches[2] < launches[1] else "")
+        extra = ""
+        if with_optimus:
+            n = optimus_launches(gm, x)
+            optimus.append((launches[1], n))
+            extra = f" Optimus {n if n is not None else '-':>3}"
+            if n is not None and n < launches[1]:
+                flag += "  Optimus fewer"
         print(f"cost egg {cost_egg:8.3f} ablation {cost_greedy:8.3f}   launches input {launches[0]:3d} "
-              f"egg {launches[1]:3d} ablation {launches[2]:3d}{flag}", flush=True)
+              f"egg {launches[1]:3d} ablation {launches[2]:3d}{extra}{flag}", flush=True)
         if flag:
             print(f"    program: {prog}", flush=True)
 
@@ -73,6 +92,11 @@ def run(seed: int, programs: int, every: bool) -> None:
           f"above its input on {sum(e > i for i, e, _ in compiled)}")
     print(f"fusion estimate (extract/fusion_cost.py) on the {len(estimates)} compiled graphs: exact on "
           f"{estimates.count(0)}, over on {sum(d > 0 for d in estimates)}, under on {sum(d < 0 for d in estimates)}")
+    if with_optimus:
+        ran = [(e, o) for e, o in optimus if o is not None]
+        print(f"PyTorch's Optimus on the {len(optimus)} compiled programs: raised on {len(optimus) - len(ran)}; "
+              f"optimus_egg fewer launches on {sum(e < o for e, o in ran)}, equal on {sum(e == o for e, o in ran)}, "
+              f"more on {sum(e > o for e, o in ran)}; launches in all {sum(e for e, _ in ran)} vs {sum(o for _, o in ran)}")
 
 
 def main() -> None:
@@ -80,10 +104,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--programs", type=int, default=150)
     ap.add_argument("--all", action="store_true", help="compile every program, not only where the ablation is cheaper")
+    ap.add_argument("--optimus", action="store_true", help="also compile PyTorch's Optimus (pre-grad passes) per program")
     a = ap.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    run(a.seed, a.programs, a.all)
+    run(a.seed, a.programs, a.all, a.optimus)
 
 
 if __name__ == "__main__":

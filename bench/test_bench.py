@@ -114,18 +114,23 @@ def test_regions_script_end_to_end(capsys):
 
 
 def test_differential_script_end_to_end(capsys):
-    """bench/differential.py on a few programs, every one compiled: a summary line that adds up."""
+    """bench/differential.py on a few programs, every one compiled, PyTorch's Optimus too:
+    summary lines that add up."""
     import re
 
     import differential
 
-    differential.run(seed=1, programs=3, every=True)
-    summary, fusion = capsys.readouterr().out.strip().splitlines()[-2:]
+    differential.run(seed=1, programs=3, every=True, with_optimus=True)
+    summary, fusion, optimus = capsys.readouterr().out.strip().splitlines()[-3:]
     n, compiled = (int(v) for v in re.search(r"^(\d+) programs;.* compiled (\d+):", summary).groups())
     assert n == compiled >= 1, summary
     graphs, exact, over, under = (int(v) for v in re.search(
         r"on the (\d+) compiled graphs: exact on (\d+), over on (\d+), under on (\d+)", fusion).groups())
     assert graphs == 3 * compiled == exact + over + under, fusion
+    ran, raised, fewer, equal, more = (int(v) for v in re.search(
+        r"on the (\d+) compiled programs: raised on (\d+); optimus_egg fewer launches on (\d+), "
+        r"equal on (\d+), more on (\d+)", optimus).groups())
+    assert ran == compiled == raised + fewer + equal + more, optimus
 
 
 def test_predicted_launches_is_the_estimate_optimize_checks():
