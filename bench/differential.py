@@ -76,8 +76,8 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False) -> No
             n = optimus_launches(gm, x)
             optimus.append((launches[1], n))
             extra = f" Optimus {n if n is not None else '-':>3}"
-            if n is not None and n < launches[1]:
-                flag += "  Optimus fewer"
+            if n is None or n < launches[1]:
+                flag += "  Optimus raised" if n is None else "  Optimus fewer"
         print(f"cost egg {cost_egg:8.3f} ablation {cost_greedy:8.3f}   launches input {launches[0]:3d} "
               f"egg {launches[1]:3d} ablation {launches[2]:3d}{extra}{flag}", flush=True)
         if flag:
