@@ -3,7 +3,7 @@ the ablation's graph is cheaper under the cost model, compile all three graphs (
 optimus_egg, ablation) with Inductor and count launches; the summary also says how often the
 fusion estimate (extract/fusion_cost.py, optimize()'s last check) predicted those counts.
 
-    python bench/differential.py [--seed 1] [--programs 150] [--all] [--optimus]
+    python bench/differential.py [--seed 1] [--programs 150] [--all] [--optimus] [--train]
 
 Programs are the fuzz suite's (tests/test_fuzz.py `programs()`), drawn with a fixed hypothesis
 seed, traced with symbolic_trace, optimized at 2 s. A program where the ablation is cheaper
@@ -12,7 +12,11 @@ at a blind spot of the cost model; the launch columns say which. `--all` compile
 program, not only those. `--optimus` compiles a fourth graph per program, PyTorch's Optimus
 (its pre-grad passes, as the bench's inference arm: `baselines.inductor_with_optimus(...,
 post_grad=False)`), and counts the programs where it launches fewer than optimus_egg, or where
-its passes raise. Prints one row per compiled program and a summary.
+its passes raise. `--train` compiles every graph for training (forward and backward, one
+backward of the outputs' sum): optimus_egg's and the ablation's as the backend compiles them
+(`baselines.as_backend_compiles`), Optimus's with its post-grad passes too, as the bench's
+training arm; the fusion estimate, a forward-only figure, is then left out. Prints one row per
+compiled program and a summary.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from torch import fx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
-def run(seed: int, programs: int, every: bool, with_optimus: bool = False) -> None:
+def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train: bool = False) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
     from test_fuzz import Program, make_input
@@ -35,7 +39,7 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False) -> No
 
     from optimus_egg import optimize
     from optimus_egg.ablation import rewrite_greedily
-    from optimus_egg.baselines import inductor_with_optimus
+    from optimus_egg.baselines import as_backend_compiles, inductor_with_optimus
     from optimus_egg.bench import fx_shapes
     from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.measure import compile_inductor
@@ -49,10 +53,13 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False) -> No
 
     def optimus_launches(gm, x) -> int | None:
         try:
-            return compile_inductor(inductor_with_optimus(gm, [x], post_grad=False), [x]).launches.total
+            return launches_of(inductor_with_optimus(gm, [x], post_grad=train), x)
         except Exception as e:  # Optimus's passes are not optimus_egg's to fix: count, go on
             print(f"    Optimus raised {type(e).__name__}: {str(e)[:120]}", flush=True)
             return None
+
+    def launches_of(g, x) -> int:
+        return compile_inductor(g, [x], training=train).launches.total
 
     @settings(max_examples=programs, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @hypothesis_seed(seed)
@@ -66,9 +73,12 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False) -> No
         if not every and cost_greedy >= cost_egg - 1e-6:
             rows.append((cost_egg, cost_greedy, None))
             return
-        launches = [compile_inductor(g, [x]).launches.total for g in (gm, egg, greedy)]
+        if train:
+            egg, greedy = as_backend_compiles(egg), as_backend_compiles(greedy)
+        launches = [launches_of(g, x) for g in (gm, egg, greedy)]
         rows.append((cost_egg, cost_greedy, launches))
-        estimates.extend(fused_launches(g, fx_shapes(g, [x])) - n for g, n in zip((gm, egg, greedy), launches))
+        if not train:
+            estimates.extend(fused_launches(g, fx_shapes(g, [x])) - n for g, n in zip((gm, egg, greedy), launches))
         flag = ("  optimus_egg above its input" if launches[1] > launches[0] else
                 "  ablation fewer" if launches[2] < launches[1] else "")
         extra = ""
@@ -90,8 +100,9 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False) -> No
           f"optimus_egg fewer launches than the ablation on {sum(e < g for _, e, g in compiled)}, "
           f"equal on {sum(e == g for _, e, g in compiled)}, more on {sum(e > g for _, e, g in compiled)}; "
           f"above its input on {sum(e > i for i, e, _ in compiled)}")
-    print(f"fusion estimate (extract/fusion_cost.py) on the {len(estimates)} compiled graphs: exact on "
-          f"{estimates.count(0)}, over on {sum(d > 0 for d in estimates)}, under on {sum(d < 0 for d in estimates)}")
+    if not train:
+        print(f"fusion estimate (extract/fusion_cost.py) on the {len(estimates)} compiled graphs: exact on "
+              f"{estimates.count(0)}, over on {sum(d > 0 for d in estimates)}, under on {sum(d < 0 for d in estimates)}")
     if with_optimus:
         ran = [(e, o) for e, o in optimus if o is not None]
         print(f"PyTorch's Optimus on the {len(optimus)} compiled programs: raised on {len(optimus) - len(ran)}; "
@@ -105,10 +116,11 @@ def main() -> None:
     ap.add_argument("--programs", type=int, default=150)
     ap.add_argument("--all", action="store_true", help="compile every program, not only where the ablation is cheaper")
     ap.add_argument("--optimus", action="store_true", help="also compile PyTorch's Optimus (pre-grad passes) per program")
+    ap.add_argument("--train", action="store_true", help="compile for training: forward and backward")
     a = ap.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    run(a.seed, a.programs, a.all, a.optimus)
+    run(a.seed, a.programs, a.all, a.optimus, a.train)
 
 
 if __name__ == "__main__":
