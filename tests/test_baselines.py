@@ -207,6 +207,33 @@ def test_split_cat_passes_keep_values():
     assert values_match(fused(x), model(x))
 
 
+
+def test_optimus_keeps_an_in_place_write_whose_result_is_unused():
+    """`clone.mul_(y)` returns a value nobody reads; the write into `clone` is what counts.
+    FX's dead-code elimination alone drops it (torch 2.13 calls a call_method pure), so the
+    Optimus arm computed another function (found by `bench/differential.py --optimus --train
+    --seed 26`). The arm keeps such writes and Optimus still fires."""
+
+    class InPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, x):
+            a, b = torch.split(x, 4, dim=1)
+            y = self.l(b)
+            c = b.clone()
+            c.mul_(y)
+            return torch.cat([y, c], dim=1)
+
+    model = InPlace()
+    x = torch.randn(4, 8)
+    fused = optimus(torch.fx.symbolic_trace(model), [x])
+    assert fused.meta["optimus_counters"], "no Optimus pass fired"
+    assert any(n.target == "mul_" for n in fused.graph.nodes)
+    with torch.no_grad():
+        assert values_match(fused(x), model(x))
+
 def _products_on(devices: list[str]) -> torch.fx.Graph:
     """An ATen graph of independent `a * b` on 4-element tensors, one per device (fake values)."""
     from torch._subclasses.fake_tensor import FakeTensorMode

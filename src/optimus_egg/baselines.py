@@ -42,6 +42,7 @@ from torch._dynamo.utils import counters
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+from optimus_egg.from_fx import is_mutation
 from optimus_egg.measure import copy_graph_module
 
 __all__ = [
@@ -374,9 +375,10 @@ def optimus(
     with config.patch(pre_grad_fusion_options=copy.deepcopy(options), force_disable_caches=True):
         out = pre_grad_passes(out, list(example_inputs))
     fired = optimus_counters()
-    # fuse() can insert a node ahead of its inputs, and leaves unused weights behind.
+    # fuse() can insert a node ahead of its inputs, and leaves unused weights behind. FX's
+    # dead-code elimination alone would also drop an in-place write whose result is unused.
     stable_topological_sort(out.graph)
-    out.graph.eliminate_dead_code()
+    out.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or is_mutation(n))
     out.graph.lint()
     out.recompile()
     out.meta["optimus_counters"] = fired

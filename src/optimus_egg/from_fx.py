@@ -227,7 +227,10 @@ def _submodule(node: fx.Node, modules: dict | None):
     return mod if mod is not None else gm.get_submodule(node.target)
 
 
-def _is_mutation(node: fx.Node, modules: dict | None = None) -> bool:
+def is_mutation(node: fx.Node, modules: dict | None = None) -> bool:
+    """Does the node write into a tensor (an in-place method or op, `out=`, `inplace=True`,
+    setitem)? FX's dead-code elimination does not know these: a `y.mul_(z)` whose result is
+    unused looks dead to it."""
     if node.op == "call_module":  # nn.ReLU(inplace=True) writes into its input
         mod = _submodule(node, modules)
         return mod is not None and getattr(mod, "inplace", False) is True
@@ -312,7 +315,7 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
               if n.op in ("call_function", "call_module", "call_method")
               and (_is_impure(n, modules) or draws_random(n, modules))}
     if mutated is None:
-        mutated = [n for n in graph.nodes if _is_mutation(n, modules)]
+        mutated = [n for n in graph.nodes if is_mutation(n, modules)]
     if not mutated:
         return [n for n in graph.nodes if n in impure]
     aliased: set[fx.Node] = set()
@@ -322,9 +325,9 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
         if n in aliased:
             continue
         aliased.add(n)
-        if _is_view(n) or _is_mutation(n, modules) or _returns_input(n, modules):
+        if _is_view(n) or is_mutation(n, modules) or _returns_input(n, modules):
             todo.extend(n.all_input_nodes[:1])
-        todo.extend(u for u in n.users if _is_view(u) or _is_mutation(u, modules) or _returns_input(u, modules))
+        todo.extend(u for u in n.users if _is_view(u) or is_mutation(u, modules) or _returns_input(u, modules))
     touched = set(aliased)
     for n in aliased:
         touched.update(u for u in n.users if u.op != "output")
@@ -471,7 +474,7 @@ class _Lowerer:
         if n.op == "call_module":
             return False
         name = _name(n.target).lstrip("_") if n.target is not operator.getitem else "getitem"
-        if name in _RANDOM or _is_mutation(n, self.modules):
+        if name in _RANDOM or is_mutation(n, self.modules):
             return False
         return name in _PURE_NAMES or _name(n.target) in _PURE_NAMES or n.target in _BINARY
 
@@ -1355,7 +1358,7 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
     on big graphs (`shape_values`), so it costs no wall time while that runs."""
     inputs = check_inputs(gm, example_inputs)
     modules = _submodules(gm)
-    mutated = [n for n in gm.graph.nodes if _is_mutation(n, modules)]
+    mutated = [n for n in gm.graph.nodes if is_mutation(n, modules)]
     values = shapes.shape_values(gm, inputs, bool(mutated))
     try:
         if meanwhile is not None:
