@@ -1002,7 +1002,7 @@ class _Lowerer:
                         break
                     at[(start, shp[d])] = y
                     start += shp[d]
-                starts = [sum(sizes[:i]) for i in range(len(sizes))]
+                starts = [0, *itertools.accumulate(sizes)][:-1]
                 at = {i: at[(s, z)] for i, (s, z) in enumerate(zip(starts, sizes)) if (s, z) in at}
             for u in src.users:
                 if u.target is operator.getitem and isinstance(u.args[1], int) and u.args[1] in at:
