@@ -54,7 +54,7 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
     def optimus_launches(gm, x) -> int | None:
         try:
             return launches_of(inductor_with_optimus(gm, [x], post_grad=train), x)
-        except Exception as e:  # Optimus's passes are not optimus_egg's to fix: count, go on
+        except Exception as e:  # noqa: BLE001 (Optimus's passes are not optimus_egg's to fix: count, go on)
             print(f"    Optimus raised {type(e).__name__}: {str(e)[:120]}", flush=True)
             return None
 

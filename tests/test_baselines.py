@@ -220,7 +220,7 @@ def test_optimus_keeps_an_in_place_write_whose_result_is_unused():
             self.l = nn.Linear(4, 4)
 
         def forward(self, x):
-            a, b = torch.split(x, 4, dim=1)
+            _, b = torch.split(x, 4, dim=1)
             y = self.l(b)
             c = b.clone()
             c.mul_(y)
