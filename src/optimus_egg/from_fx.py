@@ -364,6 +364,8 @@ def _depths(graph: fx.Graph, free: Callable[[fx.Node], bool] = lambda n: False,
 # 25 / 61 with every pair (Optimus 27 / 60); wukong, whose FM projection and compress linear
 # read one input and have no twins, 28 / 66 without pairs, 25 / 57 with them (Optimus 28 / 66).
 LHS_MIN_MEMBERS = 3
+# Most linears of one signature whose independent sets are seeded beside their depth groups.
+INDEPENDENT_MAX = 64
 
 
 class _Lowerer:
@@ -1018,6 +1020,8 @@ class _Lowerer:
                 continue  # fused with its neighbours; a batch of them would be a baddbmm, which launches
             if k[0] in ("linear", "layer_norm", "pointwise", "binary") and n in self.expr and n in self.shapes:
                 buckets[(k[0], k[1], depth[n], n in reach, n.meta.get(PART))].append(n)
+        ancestors = _Ancestors(self.gm.graph)
+        self.independent_linears(buckets, ancestors)
         counts: dict[str, int] = defaultdict(int)
         for (family, *_), members in buckets.items():
             members = self.distinct(members)
@@ -1054,11 +1058,34 @@ class _Lowerer:
                 tid = self.kind[members[0]][1][0]
                 slots = [_app("pointwise_slot", tid, g, out, i) for i in range(len(members))]
             self.facts += slots
-        self.seed_lhs_groups(depth, reach, counts)
+        self.seed_lhs_groups(depth, reach, counts, ancestors)
         counts.pop("_groups", None)
         return dict(counts)
 
-    def seed_lhs_groups(self, depth, reach, counts) -> None:
+    def independent_linears(self, buckets: dict[tuple, list[fx.Node]], ancestors: _Ancestors) -> None:
+        """Linears of one signature at different depths with no path between two of them
+        (parallel branches of unequal length, which depth groups keep apart): the independent
+        sets that no depth group already is join `buckets` as groups of their own, beside the
+        depth groups; extraction picks. Signatures of 3 to INDEPENDENT_MAX linears (with pairs,
+        four backend tests lost the post-grad batches they check; not measured further)
+        (independent_sets compares members pairwise). Not sets whose members all read one
+        weight: greedy extraction then chose worse elsewhere in a regression program
+        (tests/test_fuzz.py `linear_per_piece_of_a_batch`: 9 -> 11 launches)."""
+        by_sig: dict[tuple, list[fx.Node]] = defaultdict(list)
+        depth_groups = set()
+        for (family, sig, _, *rest), members in buckets.items():
+            if family == "linear":
+                by_sig[(sig, *rest)] += members
+                depth_groups.add(frozenset(self.distinct(members)))
+        for (sig, *rest), candidates in by_sig.items():
+            candidates = self.distinct(candidates)
+            if not 2 < len(candidates) <= INDEPENDENT_MAX:
+                continue
+            for j, found in enumerate(ancestors.independent_sets(candidates)):
+                if len(found) > 1 and frozenset(found) not in depth_groups and len({self.kind[m][2][1] for m in found}) > 1:
+                    buckets[("linear", sig, ("independent", j), *rest)] = found
+
+    def seed_lhs_groups(self, depth, reach, counts, ancestors: _Ancestors) -> None:
         """Linears reading the same input (same depth, same bias presence): one wide GEMM. Fewer
         than LHS_MIN_MEMBERS of them only when none has a twin (see LHS_MIN_MEMBERS). Linears
         and matmuls the target computes as elementwise code (launch_cost.py) join no group. A
@@ -1070,7 +1097,6 @@ class _Lowerer:
                 continue  # no GEMM to share: a wide one would launch where the members fuse
             if n in self.expr and n in self.shapes:  # equal inputs: one key
                 buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach, n.meta.get(PART))].append(n)
-        ancestors = _Ancestors(self.gm.graph)
         twins = _Twins(self.kind, ancestors)
         for found in map(self.distinct, buckets.values()):
             if len(found) < 2 or (len(found) < LHS_MIN_MEMBERS and any(twins.has_twin(m, found) for m in found)):

@@ -290,3 +290,77 @@ def test_a_group_independent_only_through_a_cancelled_pair_never_closes_a_cycle(
     after, report = optimize_with(LinearOfAPieceBesideTheOtherOperand(), families, x, y)
     assert fired(report, "batch-linear")
     assert calls(after, ops.batched_linear) == (1 if cancel else 0)
+
+
+class BranchesOfUnequalLength(nn.Module):
+    """Three linears of one signature behind zero, one and two elementwise ops on three inputs:
+    three depths and no path between them, one batch that depth groups miss."""
+
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x, y, z):
+        return self.ls[0](x), self.ls[1](y.tanh()), self.ls[2](z.sigmoid() * 2)
+
+
+def test_batch_linear_groups_independent_linears_across_depths(monkeypatch):
+    from optimus_egg import from_fx
+
+    args = [torch.randn(4, 8) for _ in range(3)]
+    after, report = optimize_with(BranchesOfUnequalLength(), batch_linear, *args)
+    assert fired(report, "batch-linear")
+    assert calls(after, ops.batched_linear) == 1 and calls(after, nn.Linear) == 0
+    monkeypatch.setattr(from_fx, "INDEPENDENT_MAX", 0)  # depth groups alone
+    after, report = optimize_with(BranchesOfUnequalLength(), batch_linear, *args)
+    assert calls(after, ops.batched_linear) == 0 and calls(after, nn.Linear) == 3
+
+
+class RowsRead(nn.Module):
+    """Three linears on an input's rows, each result read by a relu."""
+
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(16, 32) for _ in range(3))
+
+    def forward(self, x):
+        xs = x.unbind(0)
+        return [l(xs[i]).relu() for i, l in enumerate(self.ls)]
+
+
+def test_batched_biases_are_added_per_row_where_the_rows_readers_fuse_them(monkeypatch):
+    """The batch's rows are each read by a relu: each adds its own bias there (fused with the
+    relu) instead of a baddbmm over stacked biases. The same values and gradients, and no more
+    launches than the stacked form (on dhen and interformer it saves launches: README)."""
+    from optimus_egg import to_fx
+    from optimus_egg.measure import compile_inductor
+
+    torch.manual_seed(0)
+    m = RowsRead()
+    x = torch.randn(3, 8, 16)
+    gm = torch.fx.symbolic_trace(m)
+    after, report = optimize_with(gm, batch_linear, x)
+    [bl] = [n for n in after.graph.nodes if n.target is ops.batched_linear]
+    assert fired(report, "batch-linear") and bl.args[2] is None and calls(after, torch.add) == 3
+    grads = []
+    for g in (gm, after):
+        m.zero_grad()
+        sum(o.square().sum() for o in g(x)).backward()
+        grads.append([p.grad.clone() for p in m.parameters()])
+    torch.testing.assert_close(grads[0], grads[1])
+    monkeypatch.setattr(to_fx, "_bias_after_unbind", lambda *a: None)
+    stacked, _ = optimize_with(gm, batch_linear, x)
+    assert calls(stacked, ops.batched_linear) == 1 and calls(stacked, torch.add) == 0
+    with torch.no_grad():
+        assert compile_inductor(after, [x]).launches.total <= compile_inductor(stacked, [x]).launches.total
+
+
+@pytest.mark.parametrize("biases", [(True, True, True), (True, False, True)])
+def test_batched_biases_stay_stacked_where_a_row_is_an_output(biases):
+    """Rows the graph returns would each need a kernel for their bias: the baddbmm keeps it."""
+    m = ParallelLinears(n=3)
+    for l, b in zip(m.ls, biases):
+        l.bias = l.bias if b else None
+    after, _ = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(3, 4, 16))
+    [bl] = [n for n in after.graph.nodes if n.target is ops.batched_linear]
+    assert bl.args[2] is not None and calls(after, torch.add) == 0 and calls(after, ops.stack_bias) == (not all(biases))
