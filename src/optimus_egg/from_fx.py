@@ -1066,9 +1066,9 @@ class _Lowerer:
         """Linears of one signature at different depths with no path between two of them
         (parallel branches of unequal length, which depth groups keep apart): the independent
         sets that no depth group already is join `buckets` as groups of their own, beside the
-        depth groups; extraction picks. Signatures of 3 to INDEPENDENT_MAX linears (with pairs,
-        four backend tests lost the post-grad batches they check; not measured further)
-        (independent_sets compares members pairwise). Not sets whose members all read one
+        depth groups; extraction picks. Signatures of 3 to INDEPENDENT_MAX linears
+        (independent_sets compares members pairwise; pairs gave the same bench launches, but
+        with them and a fusion-estimate change four tests failed, not separated). Not sets whose members all read one
         weight: greedy extraction then chose worse elsewhere in a regression program
         (tests/test_fuzz.py `linear_per_piece_of_a_batch`: 9 -> 11 launches)."""
         by_sig: dict[tuple, list[fx.Node]] = defaultdict(list)
