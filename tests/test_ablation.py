@@ -1,4 +1,5 @@
 """rewrite_greedily: the bench's "rules one family at a time, no search" ablation."""
+import contextlib
 import io
 
 import pytest
@@ -84,3 +85,51 @@ def test_bad_input():
         rewrite_greedily(gm, [torch.randn(1, 2)], max_passes=0)
     with pytest.raises(TypeError, match="max_passes"):
         rewrite_greedily(gm, [torch.randn(1, 2)], max_passes=1.5)
+
+
+def test_biases_stay_stacked_between_steps(parallel_mlp, monkeypatch):
+    """parallel_mlp's batched linears feed LayerNorms. Between steps the batch's biases stay
+    stacked, so the batch_layernorm step reads one batch and batches the eight LayerNorms.
+    With the biases added per row after every step (as to_fx does for optimize) that step
+    reads eight rows plus eight adds and leaves them apart: the same values and (Inductor
+    fuses the rows' kernels, which read one buffer) the same launches, but a graph the
+    fusion estimate, which every later step's guard consults, prices at 11 launches, not 4."""
+    from optimus_egg import ablation, ops
+    from optimus_egg.measure import compile_inductor
+
+    gm, inputs, out = parallel_mlp
+    assert sum(n.target is ops.batched_layer_norm for n in out.graph.nodes) == 1
+    monkeypatch.setattr(ablation, "biases_stacked", contextlib.nullcontext)
+    each = rewrite_greedily(gm, inputs)
+    assert not any(n.target is ops.batched_layer_norm for n in each.graph.nodes)
+    assert (fused_launches(out), fused_launches(each)) == (4, 11)
+    with torch.no_grad():
+        torch.testing.assert_close(each(*inputs), gm(*inputs))
+        assert compile_inductor(out, inputs).launches.total <= compile_inductor(each, inputs).launches.total
+
+
+class RowsRead(torch.nn.Module):
+    """Three linears on an input's rows, each result read by another activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.ls = torch.nn.ModuleList(torch.nn.Linear(16, 32) for _ in range(3))
+
+    def forward(self, x):
+        xs = x.unbind(0)
+        return [f(lin(xs[i])) for i, (f, lin) in enumerate(zip((torch.relu, torch.tanh, torch.sigmoid), self.ls))]
+
+
+def test_the_result_adds_its_biases_per_row_as_optimize_does():
+    """The steps leave a batch's biases stacked; the result adds them per row, where each
+    row's reader fuses the add, as optimize's own result does."""
+    from optimus_egg import ops, optimize
+
+    torch.manual_seed(0)
+    gm, x = fx.symbolic_trace(RowsRead()), torch.randn(3, 8, 16)
+    out = rewrite_greedily(gm, [x])
+    [bl] = [n for n in out.graph.nodes if n.target is ops.batched_linear]
+    assert bl.args[2] is None and sum(n.target is torch.add for n in out.graph.nodes) == 3
+    assert out.code == optimize(gm, [x]).code
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), gm(x))

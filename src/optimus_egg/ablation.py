@@ -25,6 +25,7 @@ from torch import fx
 from optimus_egg.pipeline import Report, optimize
 from optimus_egg.rules import SCHEDULE_ORDER
 from optimus_egg.saturate import Limits
+from optimus_egg.to_fx import add_biases_per_row, biases_stacked
 
 __all__ = ["STEP_BUDGET_S", "STEP_LIMITS", "GreedyReport", "GreedyStep", "rewrite_greedily"]
 
@@ -108,7 +109,9 @@ def rewrite_greedily(gm: fx.GraphModule, example_inputs, *, max_passes: int = 4,
     other family], limits=STEP_LIMITS)``: one saturation round of one family (vertical families
     run to their own fixpoint inside the round) and its extraction, taken only if cheaper, as
     optimize always does. Passes over ``SCHEDULE_ORDER`` repeat until a pass changes nothing or
-    ``max_passes`` passes ran. Bad arguments raise TypeError / ValueError (the first step's
+    ``max_passes`` passes ran. Between steps a batch's biases stay stacked (to_fx
+    ``biases_stacked``), so a later step reads the batch whole; the result adds them per row
+    where optimize's own result would. Bad arguments raise TypeError / ValueError (the first step's
     optimize checks ``gm`` and ``example_inputs``); ``strict`` is passed to every step. The
     result carries a ``GreedyReport`` in ``meta["optimus_egg_greedy"]``.
     """
@@ -121,22 +124,24 @@ def rewrite_greedily(gm: fx.GraphModule, example_inputs, *, max_passes: int = 4,
     matches: Counter[str] = Counter()
     start = time.perf_counter()
     current = gm
-    while report.passes < max_passes:
-        report.passes += 1
-        changed = False
-        for family in families:
-            keep = {family, *FACTS}
-            current = optimize(current, example_inputs, STEP_BUDGET_S, strict=strict,
-                               disable=[f for f in SCHEDULE_ORDER if f not in keep], limits=STEP_LIMITS)
-            step = GreedyStep(family, report.passes, current.meta.pop("optimus_egg"))
-            report.steps.append(step)
-            matches.update(step.report.matches)
-            changed |= step.changed
-        if not changed:
-            report.stop_reason = "fixpoint"
-            break
-    else:
-        report.stop_reason = "max_passes"
+    with biases_stacked():  # a later step lowers an earlier step's batches again
+        while report.passes < max_passes:
+            report.passes += 1
+            changed = False
+            for family in families:
+                keep = {family, *FACTS}
+                current = optimize(current, example_inputs, STEP_BUDGET_S, strict=strict,
+                                   disable=[f for f in SCHEDULE_ORDER if f not in keep], limits=STEP_LIMITS)
+                step = GreedyStep(family, report.passes, current.meta.pop("optimus_egg"))
+                report.steps.append(step)
+                matches.update(step.report.matches)
+                changed |= step.changed
+            if not changed:
+                report.stop_reason = "fixpoint"
+                break
+        else:
+            report.stop_reason = "max_passes"
+    current = add_biases_per_row(current)  # as optimize's to_fx does, once
     report.matches = dict(matches)
     report.seconds = time.perf_counter() - start
     current.meta["optimus_egg_greedy"] = report

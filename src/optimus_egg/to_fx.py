@@ -7,6 +7,7 @@ e-class came from, and filled by fake propagation for new nodes.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -249,7 +250,8 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
     r.graph.output(output_args)
     modules = _submodules(lowered.gm)
-    _bias_after_unbind(r.graph, modules)
+    if not _biases_stacked:
+        _bias_after_unbind(r.graph, modules)
     selects = _select_sparse_pieces(r.graph, r.unbinds) | _narrow_splits(r.graph, r.splits, modules)
     if classes is not None:
         classes.update((selects.get(v, v), c) for c, v in r.env.items() if isinstance(v, fx.Node) and selects.get(v, v))
@@ -268,6 +270,32 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     # (measured: s0 became 32 in Dynamo's ShapeEnv); their new nodes are left without meta.
     if example_inputs is not None and dynamo_meta and not has_symbolic_sizes(lowered.gm):
         fill_meta(gm, example_inputs, uses_example_value=True)
+    return gm
+
+
+_biases_stacked = False  # inside `biases_stacked()`
+
+
+@contextlib.contextmanager
+def biases_stacked():
+    """Inside it, to_fx leaves every batch's biases stacked. The greedy ablation's steps run
+    inside it: a later step lowers an earlier one's batch again, and a batch whose rows add
+    their own biases no longer reads as one (illustrative's 96 row LayerNorms were left
+    unbatched: 104 launches predicted instead of 14). The ablation adds them per row once, at
+    its end (`add_biases_per_row`)."""
+    global _biases_stacked
+    old, _biases_stacked = _biases_stacked, True
+    try:
+        yield
+    finally:
+        _biases_stacked = old
+
+
+def add_biases_per_row(gm: fx.GraphModule) -> fx.GraphModule:
+    """`gm` (a module to_fx made, changed in place) with its batches' biases added per row
+    where to_fx would have (`_bias_after_unbind`)."""
+    _bias_after_unbind(gm.graph, _submodules(gm))
+    gm.recompile()
     return gm
 
 
