@@ -73,6 +73,7 @@ def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
         best = _prices(members, kid_ids, parents, node_cls, own_of, item_of, divisor)
         chosen = _reuse(root, _select(root, members, kid_ids, best), members, kid_ids, own_of)
         chosen = _unbatch(root, chosen, members, kid_ids, own_of, item_of)
+        chosen = _swap(root, chosen, members, kid_ids, own_of, best)
         return chosen, sum(own_of[i] for i in chosen.values())
 
     chosen, total = extract(divisor)
@@ -237,6 +238,99 @@ def _unbatch(root: int, choice: dict[int, int], members: list[list[int]], kid_id
                 choice, changed = new, True
                 refs.update(counts)
     return reachable(root, kid_ids, choice) if changed else choice
+
+
+def _swap(root: int, choice: dict[int, int], members: list[list[int]], kid_ids: list[list[int]],
+          own: list[float], rank: list[float]) -> dict[int, int]:
+    """Local search by single switches: a chosen class takes another of its nodes, the classes
+    that node needs and the choice lacks get their cheapest acyclic nodes by `rank` (as
+    `_select` picks), and the switch is kept where the DAG cost, counted exactly, falls and no
+    cycle closes. This undoes what the fixpoint's tree prices get wrong in either direction:
+    a stack of separately computed products chosen over the batched product that computes
+    them all (the products' shared operands were priced once per product)."""
+    refs = _refcounts(root, choice, kid_ids)
+    isfinite = math.isfinite
+    changed = True
+    while changed:
+        changed = False
+        for c in sorted(choice):
+            if c not in choice:
+                continue  # an earlier switch dropped it
+            for k in sorted(members[c], key=rank.__getitem__):
+                if not isfinite(rank[k]):
+                    break
+                if k == choice[c]:
+                    continue
+                plan = _complete(c, k, choice, members, kid_ids, rank)
+                if plan is None or _plan_delta(plan, choice, refs, kid_ids, own) > -1e-9:
+                    continue
+                new = {**choice, **plan}
+                if _reaches(kid_ids[k], c, new, kid_ids):
+                    continue
+                choice = reachable(root, kid_ids, new)
+                refs = _refcounts(root, choice, kid_ids)
+                changed = True
+                break
+    return choice
+
+
+def _complete(c: int, k: int, choice: dict[int, int], members: list[list[int]], kid_ids: list[list[int]],
+              rank: list[float]) -> dict[int, int] | None:
+    """{c: k} plus a node for each class below k that `choice` lacks (the cheapest by `rank`
+    whose children can be chosen without a cycle among the new classes); None if none."""
+    plan = {c: k}
+    on_path: set[int] = set()
+    isfinite = math.isfinite
+
+    def visit(cls: int) -> bool:
+        if cls in choice or cls in plan:
+            return True
+        if cls in on_path:
+            return False
+        on_path.add(cls)
+        for m in sorted(members[cls], key=rank.__getitem__):
+            if not isfinite(rank[m]):
+                break
+            if all(visit(x) for x in kid_ids[m]):
+                plan[cls] = m
+                break
+        on_path.discard(cls)
+        return cls in plan
+
+    try:
+        return plan if all(visit(x) for x in kid_ids[k]) else None
+    finally:
+        visit = None  # a recursive closure is a reference cycle
+
+
+def _refcounts(root: int, choice: dict[int, int], kid_ids: list[list[int]]) -> dict[int, int]:
+    """Chosen class -> edges into it from chosen nodes (+1 for the root)."""
+    refs = {root: 1}
+    for i in choice.values():
+        for j in kid_ids[i]:
+            refs[j] = refs.get(j, 0) + 1
+    return refs
+
+
+def _plan_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, int],
+                kid_ids: list[list[int]], own: list[float]) -> float:
+    """The exact DAG cost change of `plan` (class -> node; a class `choice` lacks is added):
+    new edges first, then the replaced nodes' edges, dropping the classes nothing reads."""
+    counts: dict[int, int] = {}
+    delta = 0.0
+    for cls, k in plan.items():
+        delta += own[k] - (own[choice[cls]] if cls in choice else 0.0)
+        for j in kid_ids[k]:
+            counts[j] = counts.get(j, refs.get(j, 0)) + 1
+    todo = [j for cls in plan if cls in choice for j in kid_ids[choice[cls]]]
+    while todo:
+        j = todo.pop()
+        counts[j] = left = counts.get(j, refs.get(j, 0)) - 1
+        if left == 0:
+            i = plan.get(j, choice[j])
+            delta -= own[i]
+            todo.extend(kid_ids[i])
+    return delta
 
 
 def _switch_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, int],

@@ -212,6 +212,44 @@ def test_greedy_unbatches_a_pair_that_only_the_fixpoint_finds_cheaper(monkeypatc
     assert stacks(without) == 2 and without.cost > best + 1e-6
 
 
+def test_greedy_switches_a_stack_of_products_to_the_product_that_computes_them(monkeypatch):
+    """A = stack of three linears of a split's pieces, also B = one linear of u, a chain of four
+    linears that another output reads anyway. The fixpoint prices the split's pieces at a third
+    of their tuple each but B with all of u's tree: A looks cheaper (3.75 vs 5 launches), and no
+    node costs less than A's stack by itself (greedy._reuse keeps it). As a DAG, B adds one
+    launch and A four. One switch, completed with the classes B needs (greedy._swap), reaches
+    the ILP's cost; without it greedy keeps the stack."""
+    from egglog import i64
+
+    from optimus_egg.extract import greedy as greedy_mod
+    from optimus_egg.sorts import linear, split
+
+    eg = EGraph()
+    none = Tensor.none()
+    u = Tensor.input("x")
+    for w in ("w1", "w2", "w3", "w4"):
+        u = linear(u, Tensor.input(w), none)
+    pieces = split(Tensor.unary(2, Tensor.input("y")), Vec[i64](1, 1, 1), 1)
+    a = stack(Vec[Tensor](*[linear(pieces[i], Tensor.input(f"v{i}"), none) for i in range(3)]), 0)
+    b = linear(u, Tensor.input("w5"), none)
+    eg.register(Outputs.of(Vec[Tensor](Tensor.unary(3, a), Tensor.unary(1, u))), union(a).with_(b))
+    g = serialize(eg)
+
+    def cost(n):
+        return launch_cost(n.op)
+
+    def stacks(ex):
+        return [g.nodes[k].op for k in ex.choice.values()].count("stack")
+
+    best = ilp(g, cost).extraction.cost
+    ex = greedy(g, cost)
+    assert stacks(ex) == 0 and ex.cost == pytest.approx(best)
+    assert_acyclic(g, ex.choice)
+    monkeypatch.setattr(greedy_mod, "_swap", lambda root, choice, *rest: choice)
+    without = greedy(g, cost)
+    assert stacks(without) == 1 and without.cost > best + 1
+
+
 def test_serialize_reads_the_graph_egglogs_json_gives():
     """The table reader (`serialize`) and egglog's JSON serialization agree on a saturated
     e-graph: the same nodes under the same names, the same classes, values and origins, up

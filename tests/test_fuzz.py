@@ -1016,6 +1016,37 @@ def test_a_program_optimize_compiled_to_more_launches_no_longer_does(name):
 
 
 
+# Programs where Inductor launched fewer kernels for the graph PyTorch's Optimus passes made
+# than for optimize()'s. bench/differential.py --all --seed 27 --optimus: linears of one
+# signature at different depths with no path between them, which Optimus batches (its groups
+# are independent sets) and depth groups keep apart: 13, 6 and 3 launches (Optimus 11, 4, 2).
+# Independent sets are seeded too (from_fx independent_linears), with one weight or several.
+_OPTIMUS_FEWER = {
+    "independent_linears_of_own_weights": {'n': 4, 'd': 8, 'b': 4, 'steps': (('inplace', 'clone_slice', 2), ('inplace', 'direct_add', 3), ('dropout_eval', 'torch_eval', [3]), ('layer_norm', 'plain', [0, 1, 2, 3]), ('linear', 'shared_fn', False, [0, 1, 2, 3]), ('attend', 3, 'at', 'old', [1, 2]), ('linear', 'own', True, [0, 1, 2, 3]), ('uneven', 'mul_scalar', (14, 3, 15))), 'split': 'view_unbind', 'out': 'stack', 'tap': None, 'block': None, 'special': True, 'dtype': torch.float64, 'seed': 6613},
+    "independent_linears_of_one_weight": {'n': 4, 'd': 3, 'b': 4, 'steps': (('stack_binary', 'mul', 0, 'reversed', [0, 2, 3]), ('binary', 0, 0, 'mul', 0), ('linear', 'shared_fn', False, [0, 1, 2, 3]), ('fanout', 0, False, [1])), 'split': 'method_split', 'out': 'stack', 'tap': (2, 2), 'block': (2, 2, 'checkpoint'), 'special': True, 'dtype': torch.float64, 'seed': 18520},
+    "independent_linears_of_one_weight_with_bias": {'n': 4, 'd': 3, 'b': 3, 'steps': (('stack_binary', 'sub', 1, 'tanh', [0, 1, 2, 3]), ('binary_batch', 'sub', 0, [1, 2], 0), ('linear', 'shared_fn', True, [1, 2, 3])), 'split': 'cat_rows', 'out': 'tuple', 'tap': (6, 0), 'block': (1, 2, 'checkpoint'), 'special': True, 'dtype': torch.float64, 'seed': 65535},
+}
+
+
+@pytest.mark.parametrize("name", list(_OPTIMUS_FEWER))
+def test_a_program_optimus_compiled_to_fewer_launches_no_longer_does(name, monkeypatch):
+    from optimus_egg import from_fx
+    from optimus_egg.baselines import inductor_with_optimus
+    from optimus_egg.measure import compile_inductor
+
+    prog = _OPTIMUS_FEWER[name]
+    model, x = Program(prog).to(prog["dtype"]).eval(), make_input(prog)
+    gm = fx.symbolic_trace(model)
+    out = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True)
+    torch.testing.assert_close(run(out, x), run(gm, x), equal_nan=True)
+    opt = inductor_with_optimus(gm, [x], post_grad=False)
+    after, optimus = (compile_inductor(g, [x]).launches.total for g in (out, opt))
+    assert after <= optimus, (after, optimus)
+    monkeypatch.setattr(from_fx, "INDEPENDENT_MAX", 0)  # depth groups only: more launches
+    depth_only = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True)
+    assert compile_inductor(depth_only, [x]).launches.total > optimus
+
+
 # Programs where Inductor launched fewer kernels for the ablation's graph
 # (ablation.rewrite_greedily) than for optimize()'s. bench/differential.py --all --seed 16: a
 # dropout read a sigmoid through the one piece read of a split, and the sigmoid fed other

@@ -1068,9 +1068,9 @@ class _Lowerer:
         sets that no depth group already is join `buckets` as groups of their own, beside the
         depth groups; extraction picks. Signatures of 3 to INDEPENDENT_MAX linears
         (independent_sets compares members pairwise; pairs gave the same bench launches, but
-        with them and a fusion-estimate change four tests failed, not separated). Not sets whose members all read one
-        weight: greedy extraction then chose worse elsewhere in a regression program
-        (tests/test_fuzz.py `linear_per_piece_of_a_batch`: 9 -> 11 launches)."""
+        with them and a fusion-estimate change four tests failed, not separated). Sets whose
+        members all read one weight too (tests/test_fuzz.py `_OPTIMUS_FEWER`); that needed
+        greedy's single switches (extract/greedy.py `_swap`) in `linear_per_piece_of_a_batch`."""
         by_sig: dict[tuple, list[fx.Node]] = defaultdict(list)
         depth_groups = set()
         for (family, sig, _, *rest), members in buckets.items():
@@ -1082,7 +1082,7 @@ class _Lowerer:
             if not 2 < len(candidates) <= INDEPENDENT_MAX:
                 continue
             for j, found in enumerate(ancestors.independent_sets(candidates)):
-                if len(found) > 1 and frozenset(found) not in depth_groups and len({self.kind[m][2][1] for m in found}) > 1:
+                if len(found) > 1 and frozenset(found) not in depth_groups:
                     buckets[("linear", sig, ("independent", j), *rest)] = found
 
     def seed_lhs_groups(self, depth, reach, counts, ancestors: _Ancestors) -> None:
