@@ -5,6 +5,7 @@ its items: each item is charged cost(pieces) / fanout, so a batched kernel that 
 outputs competes fairly with N separate kernels (egglog's greedy_dag decides per e-class and
 keeps the unbatched graph). Amortizing can make a cyclic choice look cheap, so selection is
 a DFS that never picks a node reaching a class on the current path: the result is acyclic.
+Local passes then lower the choice's exact DAG cost (`_reuse`, `_unbatch`, `_swap`).
 """
 from __future__ import annotations
 
@@ -245,9 +246,10 @@ def _swap(root: int, choice: dict[int, int], members: list[list[int]], kid_ids: 
     """Local search by single switches: a chosen class takes another of its nodes, the classes
     that node needs and the choice lacks get their cheapest acyclic nodes by `rank` (as
     `_select` picks), and the switch is kept where the DAG cost, counted exactly, falls and no
-    cycle closes. This undoes what the fixpoint's tree prices get wrong in either direction:
-    a stack of separately computed products chosen over the batched product that computes
-    them all (the products' shared operands were priced once per product)."""
+    cycle closes. It undoes what the fixpoint's tree prices get wrong the other way from
+    `_unbatch`: a stack of products of a split's pieces chosen over the batched product that
+    computes them all, each piece priced at a share of its tuple, the batched product with
+    its whole operand tree. Each kept switch lowers the cost, so the search ends."""
     refs = _refcounts(root, choice, kid_ids)
     isfinite = math.isfinite
     changed = True
