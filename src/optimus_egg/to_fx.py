@@ -8,6 +8,7 @@ e-class came from, and filled by fake propagation for new nodes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import functools
 import inspect
@@ -250,7 +251,7 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     output_args = fx.node.map_aggregate(lowered.output_args, lambda x: outs[x.k] if isinstance(x, Slot) else x)
     r.graph.output(output_args)
     modules = _submodules(lowered.gm)
-    if not _biases_stacked:
+    if not _biases_stacked.get():
         _bias_after_unbind(r.graph, modules)
     selects = _select_sparse_pieces(r.graph, r.unbinds) | _narrow_splits(r.graph, r.splits, modules)
     if classes is not None:
@@ -273,7 +274,7 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     return gm
 
 
-_biases_stacked = False  # inside `biases_stacked()`
+_biases_stacked = contextvars.ContextVar("optimus_egg_biases_stacked", default=False)
 
 
 @contextlib.contextmanager
@@ -283,12 +284,11 @@ def biases_stacked():
     their own biases no longer reads as one (illustrative's 96 row LayerNorms were left
     unbatched: 104 launches predicted instead of 14). The ablation adds them per row once, at
     its end (`add_biases_per_row`)."""
-    global _biases_stacked
-    old, _biases_stacked = _biases_stacked, True
+    token = _biases_stacked.set(True)
     try:
         yield
     finally:
-        _biases_stacked = old
+        _biases_stacked.reset(token)
 
 
 def add_biases_per_row(gm: fx.GraphModule) -> fx.GraphModule:
