@@ -143,16 +143,26 @@ def _prices(members, kid_ids, parents, node_cls, own_of, item_of, divisor) -> li
 
 def _select(root: int, members: list[list[int]], kid_ids: list[list[int]], rank: list[float]) -> dict[int, int]:
     """Class -> node for the classes the root reaches: in each class the cheapest node (by
-    `rank`) whose children can all be chosen without closing a cycle, by a depth-first search
-    that never enters a class on its own path."""
+    `rank`) whose children can all be chosen without closing a cycle (`_pick`)."""
     choice: dict[int, int] = {}
+    if not _pick([root], {}, members, kid_ids, rank, choice):
+        raise RuntimeError("extraction found no acyclic term for the graph outputs")
+    return reachable(root, kid_ids, choice)
+
+
+def _pick(starts: list[int], done: dict[int, int], members: list[list[int]], kid_ids: list[list[int]],
+          rank: list[float], out: dict[int, int]) -> bool:
+    """Into `out`, for each class below `starts` that neither `done` nor `out` holds, the
+    cheapest node by `rank` whose children can all be picked, by a depth-first search that
+    never enters a class on its own path. False if a start has no such node. Failed attempts
+    may leave entries that nothing picked reads."""
     on_path: set[int] = set()
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20 * len(members) + 1000))
     isfinite = math.isfinite
 
     def visit(cls: int) -> bool:
-        if cls in choice:
+        if cls in out or cls in done:
             return True
         if cls in on_path:
             return False
@@ -161,18 +171,16 @@ def _select(root: int, members: list[list[int]], kid_ids: list[list[int]], rank:
             if not isfinite(rank[k]):
                 break
             if all(visit(c) for c in kid_ids[k]):
-                choice[cls] = k
+                out[cls] = k
                 break
         on_path.discard(cls)
-        return cls in choice
+        return cls in out
 
     try:
-        if not visit(root):
-            raise RuntimeError("extraction found no acyclic term for the graph outputs")
+        return all(visit(c) for c in starts)
     finally:
         sys.setrecursionlimit(limit)
         visit = None  # a recursive closure is a reference cycle that would keep its lists alive
-    return reachable(root, kid_ids, choice)
 
 
 def _reuse(root: int, choice: dict[int, int], members: list[list[int]], kid_ids: list[list[int]],
@@ -278,31 +286,18 @@ def _swap(root: int, choice: dict[int, int], members: list[list[int]], kid_ids: 
 
 def _complete(c: int, k: int, choice: dict[int, int], members: list[list[int]], kid_ids: list[list[int]],
               rank: list[float]) -> dict[int, int] | None:
-    """{c: k} plus a node for each class below k that `choice` lacks (the cheapest by `rank`
-    whose children can be chosen without a cycle among the new classes); None if none."""
-    plan = {c: k}
-    on_path: set[int] = set()
-    isfinite = math.isfinite
-
-    def visit(cls: int) -> bool:
-        if cls in choice or cls in plan:
-            return True
-        if cls in on_path:
-            return False
-        on_path.add(cls)
-        for m in sorted(members[cls], key=rank.__getitem__):
-            if not isfinite(rank[m]):
-                break
-            if all(visit(x) for x in kid_ids[m]):
-                plan[cls] = m
-                break
-        on_path.discard(cls)
-        return cls in plan
-
-    try:
-        return plan if all(visit(x) for x in kid_ids[k]) else None
-    finally:
-        visit = None  # a recursive closure is a reference cycle
+    """{c: k} plus a node for each class below k that `choice` lacks (`_pick`); None if one
+    has none."""
+    picked: dict[int, int] = {c: k}
+    if not _pick(kid_ids[k], choice, members, kid_ids, rank, picked):
+        return None
+    plan, todo = {}, [c]  # only what k reads: a failed attempt may have picked more
+    while todo:
+        x = todo.pop()
+        if x in picked and x not in plan:
+            plan[x] = picked[x]
+            todo.extend(kid_ids[picked[x]])
+    return plan
 
 
 def _refcounts(root: int, choice: dict[int, int], kid_ids: list[list[int]]) -> dict[int, int]:
