@@ -217,7 +217,7 @@ def test_greedy_switches_a_stack_of_products_to_the_product_that_computes_them(m
     linears that another output reads anyway. The fixpoint prices the split's pieces at a third
     of their tuple each but B with all of u's tree: A looks cheaper (3.75 vs 5 launches), and no
     node costs less than A's stack by itself (greedy._reuse keeps it). As a DAG, B adds one
-    launch and A four. One switch, completed with the classes B needs (greedy._swap), reaches
+    launch and A 3.75. One switch, completed with the classes B needs (greedy._swap), reaches
     the ILP's cost; without it greedy keeps the stack."""
     from egglog import i64
 
