@@ -364,3 +364,25 @@ def test_batched_biases_stay_stacked_where_a_row_is_an_output(biases):
     after, _ = optimize_with(torch.fx.symbolic_trace(m), batch_linear, torch.randn(3, 4, 16))
     [bl] = [n for n in after.graph.nodes if n.target is ops.batched_linear]
     assert bl.args[2] is not None and calls(after, torch.add) == 0 and calls(after, ops.stack_bias) == (not all(biases))
+
+
+class RowsIntoGemms(nn.Module):
+    """Three linears on an input's rows, each result multiplied by a matrix of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(16, 32) for _ in range(3))
+        self.ws = nn.ParameterList(nn.Parameter(torch.randn(32, 8)) for _ in range(3))
+
+    def forward(self, x):
+        xs = x.unbind(0)
+        return [l(xs[i]) @ w for i, (l, w) in enumerate(zip(self.ls, self.ws))]
+
+
+def test_batched_biases_stay_stacked_where_a_gemm_reads_a_row():
+    """A row read by a GEMM (an extern call, no generated code to absorb an add) would need a
+    kernel for its bias: the baddbmm keeps the stacked biases. The same rows read by relus
+    add them per row (test above)."""
+    after, report = optimize_with(RowsIntoGemms(), batch_linear, torch.randn(3, 4, 16))
+    [bl] = [n for n in after.graph.nodes if n.target is ops.batched_linear]
+    assert fired(report, "batch-linear") and bl.args[2] is not None and calls(after, torch.add) == 0
