@@ -10,7 +10,9 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   fuse into one kernel, up to a GEMM, unless another path from the producer to the consumer
   passes through an extern call;
 - a cat or stack of computed tensors is free: each producer writes into its slice (a view
-  of one, or an input, is copied: the cat is then a kernel of its own);
+  of one, or an input, is copied: the cat is then a kernel of its own), and the elementwise
+  producers fuse with the cat's consumers (a bias add per row, the cat and a LayerNorm that
+  reads it are one kernel);
 - copies of graph inputs and parameters (the stacked weights of a batched GEMM) fuse with a
   computed consumer, and otherwise into one kernel with every other such copy;
 - a dropout that draws (F.dropout's `training` defaults to True) computes like an elementwise
@@ -96,7 +98,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
             if a in seen or a not in kind:
                 continue
             seen.add(a)
-            if kind[a] == "view":
+            if kind[a] == "view" or a in free_cat:
                 todo.extend(a.all_input_nodes)
             elif kind[a] == "compute":
                 out.append(a)

@@ -364,6 +364,28 @@ def test_fused_launches_copies_a_slice_of_an_input_into_a_cat():
     assert fused_launches(gm) == measured.total == 2
 
 
+def _rows_into_a_cat(x, w, v, b0, b1, b2):
+    rows = torch.bmm(torch.stack([x, x, x]), w).unbind(0)
+    parts = [x @ v, rows[0] + b0, rows[1] + b1, rows[2] + b2]
+    return F.layer_norm(torch.cat(parts, 1) + 1, [16])
+
+
+def test_fused_launches_fuses_a_cats_producers_with_its_consumer():
+    """A GEMM and three bias adds on a batch's rows write into a cat that an add and a
+    LayerNorm read (DHEN's layer after batching): the adds, the cat and the LayerNorm are one
+    kernel, so Inductor launches mm, bmm, the stack copy and that kernel (4). The estimate
+    once left each add a kernel of its own (7)."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(_rows_into_a_cat)
+    inputs = [torch.randn(8, 4), torch.randn(3, 4, 4), torch.randn(4, 4)] + [torch.randn(4) for _ in range(3)]
+    with torch.no_grad():
+        measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+        torch.testing.assert_close(gm(*inputs), _rows_into_a_cat(*inputs))
+    assert measured.extern == 2 and fused_launches(gm) == measured.total == 4
+
+
 def _residual(x, w):
     a = torch.tanh(x)
     return a * (a @ w)  # a reaches the mul directly and through the GEMM
