@@ -1075,6 +1075,11 @@ _ABLATION_FEWER = {
     # seeded in the cat's order too (from_fx `cat_order`): 4.
     "wide_gemm_in_the_cats_order": {'n': 4, 'd': 8, 'b': 2, 'steps': (('regroup', 'reversed_cat_split'), ('linear', 'own', True, [0]), ('fanout', 0, True, [0, 1, 2, 3]), ('dropout_eval', 'module', [0, 2, 3]), ('regroup', 'reversed_cat_split')), 'split': 'split', 'out': 'cat', 'tap': None, 'block': (1, 1, 'autocast_off'), 'special': False, 'dtype': torch.float64, 'seed': 5},
     "matmul_groups_cut_both_ways": {'n': 5, 'd': 4, 'b': 3, 'steps': (('pointwise', 'mul_scalar', 1, [4]), ('broadcast', 'add', 'param', [1, 2]), ('attend', 2, 'bmm', 'chain', [2, 3]), ('pointwise', 'mul_scalar', 1, [0, 1, 2, 3, 4]), ('attend', 2, 'at', 'old', [0, 1, 2, 3]), ('regroup', 'cat_view_unbind')), 'split': 'split_neg', 'out': 'tuple', 'tap': (0, 2), 'block': (7, 1, 'autocast_off'), 'special': False, 'dtype': torch.float32, 'seed': 47},
+    # bench/differential.py --all --seed 27: greedy extracts the saturated e-graph at 17.51
+    # (9 launches) and the e-graph one iteration before at 17.01 (8, the ablation's). Whether
+    # the worker had sent that snapshot depended on the clock; small e-graphs are now
+    # extracted after every iteration (pipeline.SNAPSHOT_NODES) and the cheapest kept.
+    "last_e_graph_extracts_costlier": {'n': 5, 'd': 3, 'b': 2, 'steps': (('broadcast', 'div', 'row0', [0, 1, 2, 3, 4]), ('layer_norm', 'affine', [1, 3, 4]), ('nested', 'tanh', {'sizes1': (12, 2, 1), 'j': 1, 'sizes2': (1, 1), 'spell1': ('slice', 'split', 'split'), 'spell2': 'split', 'flags': (True, False, False, False), 'cut': 4, 'dim': -1}), ('stack_binary', 'sub', 0, 'tanh', [0, 1, 2]), ('pointwise', 'tanh', 1, [0, 1, 2, 3, 4]), ('nested', 'add_scalar', {'sizes1': (13, 1, 1), 'j': 0, 'sizes2': (12, 1), 'spell1': ('narrow', 'narrow', 'slice_neg'), 'spell2': 'method_split', 'flags': (False, False, True, False), 'cut': 4, 'dim': 1}), ('attend', 2, 'bmm_row', 'old', [3, 4]), ('attend', 3, 'matmul', 'old', [1, 3])), 'split': 'view_unbind', 'out': 'tuple', 'tap': None, 'block': None, 'special': True, 'dtype': torch.float64, 'seed': 120},
 }
 
 
@@ -1090,6 +1095,43 @@ def test_a_program_the_ablation_compiled_to_fewer_launches_no_longer_does(name):
     torch.testing.assert_close(run(out, x), run(gm, x), equal_nan=True)
     before, after, greedy = (compile_inductor(g, [x]).launches.total for g in (gm, out, rewrite_greedily(gm, [x])))
     assert after <= min(before, greedy), (before, after, greedy)
+
+
+def test_a_small_search_keeps_its_cheapest_snapshot_whatever_the_clock(monkeypatch):
+    """`last_e_graph_extracts_costlier`: with the clock made to allow no snapshot, optimize()
+    keeps the cheaper extraction of an earlier iteration, with a worker and without, and
+    both return the same graph; with SNAPSHOT_NODES at 0 it gets the saturated e-graph's
+    extraction, as it did whenever the clock had allowed no snapshot."""
+    import time
+
+    from optimus_egg import pipeline
+    from optimus_egg.extract.graph import serialize
+    from optimus_egg.extract.greedy import greedy
+    from optimus_egg.from_fx import from_fx
+    from optimus_egg.rules import RULESETS, SCHEDULE_ORDER
+    from optimus_egg.saturate import Limits, saturate
+
+    prog = _ABLATION_FEWER["last_e_graph_extracts_costlier"]
+    model, x = Program(prog).to(prog["dtype"]).eval(), make_input(prog)
+    gm = fx.symbolic_trace(model)
+    lowered = from_fx(gm, [x])
+    sat = saturate(lowered.egraph, {n: RULESETS[n] for n in SCHEDULE_ORDER}, Limits(), time.perf_counter() + 30)
+    assert sat.stop_reason == "saturated" and sat.nodes <= pipeline.SNAPSHOT_NODES
+    g = serialize(lowered.egraph)
+    last = greedy(g, pipeline.node_cost(lowered, g)).cost
+
+    monkeypatch.setattr(pipeline, "_EXTRACT_S_PER_NODE", 1e3)  # the clock never allows a snapshot
+    outs = [optimus_egg.optimize(gm, [x], budget_s=5.0, strict=True, limits=Limits(worker=w)) for w in (True, False)]
+    reports = [o.meta["optimus_egg"] for o in outs]
+    assert all(r.stop_reason == "saturated" for r in reports)
+    assert reports[0].cost_after == reports[1].cost_after < last - 0.4, (reports[0].cost_after, last)
+    assert outs[0].code == outs[1].code
+    for out in outs:
+        torch.testing.assert_close(run(out, x), run(gm, x), equal_nan=True)
+    monkeypatch.setattr(pipeline, "SNAPSHOT_NODES", 0)
+    for w in (True, False):
+        out = optimus_egg.optimize(gm, [x], budget_s=5.0, strict=True, limits=Limits(worker=w))
+        assert out.meta["optimus_egg"].cost_after == pytest.approx(last)
 
 
 def test_a_random_draw_keeps_its_operand_layout():

@@ -481,6 +481,13 @@ _EXTRACT_PER_SERIALIZE = 4.0
 # Seconds per e-graph node of one extraction, assumed by the worker until it has timed its own
 # (measured: 10-70 microseconds; a high guess only delays the first snapshot).
 _EXTRACT_S_PER_NODE = 1e-4
+# An e-graph of at most this many nodes is extracted after every iteration the search goes on
+# from, whatever the clock says, and the cheapest extraction is kept (greedy is not monotone in
+# the e-graph: a random program's last e-graph extracted at 17.51, the one before at 17.01,
+# 9 and 8 launches). Snapshots taken by the clock alone made such a result depend on the
+# machine's speed. Greedy takes about 6 microseconds a node (bench/extraction.py: 3,609 nodes in
+# 0.02 s), so each costs at most a few milliseconds here.
+SNAPSHOT_NODES = 2000
 
 
 def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before: _Before,
@@ -489,8 +496,10 @@ def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before:
 
     The worker (a fork of this process, holding the seeded e-graph) saturates with the usual
     between-iteration checks, extracts, and sends the result. While searching it also sends
-    its e-graph size after each iteration and, when an extraction costs at most as long as
-    the search since the last one, a snapshot extraction. Meanwhile the parent measures the
+    its e-graph size after each iteration and, when the e-graph has at most SNAPSHOT_NODES
+    nodes or an extraction costs at most as long as the search since the last one, a
+    snapshot extraction (without a worker, the small e-graphs' snapshots are taken in
+    process, so both paths keep the same extraction). Meanwhile the parent measures the
     input's costs (`before`) and calls `while_waiting` (raising's preparation). It then waits
     until deadline + allowance(size), where the allowance is twice the predicted extraction
     time (_EXTRACT_PER_SERIALIZE x the seed graph's serialization time x the e-graph's
@@ -500,8 +509,21 @@ def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before:
     """
     if not (limits.worker and worker.available()):
         before.measure()
-        sat = saturate(lowered.egraph, rulesets, limits, time.perf_counter() + budget_s)
-        return _extract(lowered, sat, prune=False) if sat.iterations else _Found(sat)
+        kept: list[_Found] = []
+
+        def small_snapshot(rep: SaturationReport) -> None:
+            if rep.nodes <= SNAPSHOT_NODES:
+                found = _extract(lowered, rep, prune=True)
+                if not kept or found.ex.cost <= kept[0].ex.cost:
+                    kept[:] = [found]
+
+        sat = saturate(lowered.egraph, rulesets, limits, time.perf_counter() + budget_s, on_iteration=small_snapshot)
+        if not sat.iterations:
+            return _Found(sat)
+        found = _extract(lowered, sat, prune=False)
+        if kept and found.ex.cost > kept[0].ex.cost:
+            found.g, found.ex = kept[0].g, kept[0].ex  # greedy is not monotone: keep the cheaper
+        return found
 
     deadline = time.perf_counter() + budget_s
     warm(rulesets)
@@ -517,7 +539,7 @@ def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before:
             nonlocal last, per_node
             send(("progress", rep.nodes))
             now = time.perf_counter()
-            if now - last >= per_node * rep.nodes:
+            if rep.nodes <= SNAPSHOT_NODES or now - last >= per_node * rep.nodes:
                 rep.seconds, rep.stop_reason = now - start, "budget"  # what it means if it is kept
                 found = _extract(lowered, rep, prune=True)
                 per_node = found.extract_s / max(rep.nodes, 1)
