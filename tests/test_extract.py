@@ -494,3 +494,39 @@ def test_cost_tables_price_by_target():
     module, inputs = build("parallel_mlp")
     report = optimize(fx.symbolic_trace(module.eval()), inputs, budget_s=0.0).meta["optimus_egg"]
     assert report.cost_table == "cpu" and "cpu cost table" in str(report)
+
+
+class _TwoBiasFree(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 3, bias=False), torch.nn.Linear(4, 5, bias=False)
+
+    def forward(self, x):
+        return torch.cat([self.a(x), self.b(x)], 1).relu()
+
+
+def test_a_cat_of_missing_biases_costs_nothing():
+    """Two bias-free linears of one input, batched: their biases' cat (and stack) holds only
+    `none`, for which to_fx emits no node, so the per-node cost prices it 0 (it was priced as
+    a copy, 0.25, against every batch of bias-free linears); the weights' cat still costs."""
+    import optimus_egg
+    from optimus_egg.rules import SCHEDULE_ORDER
+    from optimus_egg.testing import calls
+
+    gm, x = fx.symbolic_trace(_TwoBiasFree().eval()), torch.randn(8, 4)
+    lw = from_fx(gm, [x])
+    saturate(lw.egraph, {n: RULESETS[n] for n in SCHEDULE_ORDER}, Limits(), time.perf_counter() + 30)
+    g = serialize(lw.egraph)
+    cost = node_cost(lw, g)
+
+    def nothing(n):
+        return all(any(g.nodes[k].op == "none" for k in g.classes[c]) for c in g.values[n.children[0]])
+
+    copies = [n for n in g.nodes.values() if n.op in ("cat", "stack")]
+    assert any(nothing(n) for n in copies) and any(not nothing(n) for n in copies)
+    assert all(cost(n) == 0.0 if nothing(n) else cost(n) > 0.2 for n in copies)
+    out = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True)
+    assert out.meta["optimus_egg"].changed and calls(out, F.linear) == 1
+    assert all(a is not None for n in out.graph.nodes if n.target is torch.cat for a in n.args[0])
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), gm(x))

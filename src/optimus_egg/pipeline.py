@@ -126,6 +126,8 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
     elementwise = launch_cost("unary", None, table)
 
     def cost(n: Node) -> float:
+        if n.op in ("cat", "stack") and all(_none(g, c) for c in g.values[n.children[0]]):
+            return 0.0  # the biases of a group without any: to_fx emits nothing for them
         key = (n.op, g.values[n.children[0]]) if n.op in ("call", "call_multi", "unary") else (n.op, None)
         c = memo.get(key)
         if c is None:
@@ -147,13 +149,15 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
     return cost
 
 
+def _none(g: Graph, cls: str) -> bool:
+    """Does class `cls` hold `none` (a missing bias)?"""
+    return any(g.nodes[k].op == "none" for k in g.classes.get(cls, ()))
+
+
 def _no_bias(g: Graph, cls: str) -> bool:
     """Is class `cls` a batched linear's missing bias: none, or a stack of nothing but none?"""
-    def none(c: str) -> bool:
-        return any(g.nodes[k].op == "none" for k in g.classes.get(c, ()))
-
-    return none(cls) or any(g.nodes[k].op == "stack" and all(map(none, g.values[g.nodes[k].children[0]]))
-                            for k in g.classes.get(cls, ()))
+    return _none(g, cls) or any(g.nodes[k].op == "stack" and all(_none(g, c) for c in g.values[g.nodes[k].children[0]])
+                                for k in g.classes.get(cls, ()))
 
 
 # A node's work adds WORK_EPS per work_unit elements: the same order as greedy.EPS, the
