@@ -524,10 +524,7 @@ def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before:
         sat = saturate(lowered.egraph, rulesets, limits, time.perf_counter() + budget_s, on_iteration=small_snapshot)
         if not sat.iterations:
             return _Found(sat)
-        found = _extract(lowered, sat, prune=False)
-        if kept and found.ex.cost > kept[0].ex.cost:
-            found.g, found.ex = kept[0].g, kept[0].ex  # greedy is not monotone: keep the cheaper
-        return found
+        return _cheaper(_extract(lowered, sat, prune=False), kept[0] if kept else None)
 
     deadline = time.perf_counter() + budget_s
     warm(rulesets)
@@ -580,11 +577,17 @@ def _search(lowered: Lowered, rulesets, limits: Limits, budget_s: float, before:
             elif kind == "snapshot" and (best is None or payload.ex.cost <= best.ex.cost):
                 best = payload
             elif kind == "done":
-                if best is not None and payload.ex is not None and payload.ex.cost > best.ex.cost:
-                    payload.g, payload.ex = best.g, best.ex  # greedy is not monotone: keep the cheaper
-                return payload
+                return _cheaper(payload, best)
     finally:
         w.stop()
+
+
+def _cheaper(final: _Found, snapshot: _Found | None) -> _Found:
+    """The final search result, with the snapshot's extraction where that is cheaper (greedy is
+    not monotone in the e-graph)."""
+    if snapshot is not None and final.ex is not None and final.ex.cost > snapshot.ex.cost:
+        final.g, final.ex = snapshot.g, snapshot.ex
+    return final
 
 
 def _same_values(a: fx.GraphModule, b: fx.GraphModule, inputs) -> bool:
