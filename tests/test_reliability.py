@@ -5,6 +5,7 @@ The verify=True fallback is tested in tests/test_pipeline.py.
 """
 from __future__ import annotations
 
+import operator
 import resource
 import time
 import warnings
@@ -188,6 +189,34 @@ def test_split_cat_with_mutation_does_not_fire(case):
 def test_unbind_stack_with_mutation_does_not_fire():
     _, report = _optimize_exact(_unbind_stack_written, torch.randn(4, 12))
     assert report.matches.get("stack-of-unbind-pieces", 0) == 0
+
+
+def _reads_between_writes(x, w1, w2):
+    """Two writes to y; between them, reads of y: a matmul, a matmul of its tanh with y, and
+    another matmul. The second matmul's tanh is independent of the first's."""
+    y = x.clone()
+    y.mul_(2.0)
+    t1 = torch.tanh(y @ w1)
+    m = t1 @ y
+    t2 = torch.tanh(y @ w2)
+    y.add_(1.0)
+    return m, t2, y * 3.0
+
+
+def test_reads_between_two_writes_keep_their_order_and_still_batch():
+    """Effects are ordered as memory accesses: each read follows the write before it, the
+    next write follows every read, and reads do not wait on each other. Chained in graph order,
+    `y @ w2` waited on `t1 @ y`, so the two tanh could not batch (a random program, seed 28 of
+    bench/differential.py: 7 launches where Optimus, batching them, had 6)."""
+    x, w1, w2 = torch.randn(4, 4), torch.randn(4, 4), torch.randn(4, 4)
+    out, report = _optimize_exact(_reads_between_writes, x, w1, w2)
+    assert report.matches.get("batch-pointwise", 0) > 0
+    assert calls(out, torch.tanh) == 1
+    # the add_ still comes after every read of y
+    order = [n for n in out.graph.nodes if n.op in ("call_function", "call_method")]
+    add_ = next(i for i, n in enumerate(order) if n.target == "add_")
+    reads = [i for i, n in enumerate(order) if n.target in (operator.matmul, torch.matmul)]
+    assert len(reads) == 3 and max(reads) < add_
 
 
 class _ParallelWithWrite(nn.Module):

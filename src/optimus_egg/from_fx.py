@@ -11,8 +11,9 @@ graph inputs, and a path between two nodes would make their depths differ.
 
 Mutation safety: every node that touches a mutated tensor or any of its views (the alias
 set), and every call kept for its side effect (asserts, guards, RNG draws), becomes an opaque,
-un-deduplicated call that also depends on the previous such node, so no rule matches it and
-to_fx keeps their order. Graphs that switch global state (grad mode, autocast) between nodes
+un-deduplicated call that also depends on the effects it must follow (a write on the
+previous write and the reads since, a read on the previous write), so no rule matches it and
+to_fx keeps that order. Graphs that switch global state (grad mode, autocast) between nodes
 are Unsupported.
 """
 from __future__ import annotations
@@ -1403,7 +1404,10 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
 def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
     lw = _Lowerer(gm, values, modules, mutated)
     live = _live(gm.graph, lw.effect_set)
-    prev_effect = None
+    # Effects are ordered as memory accesses: a write (a mutation, a draw, any call not known
+    # pure) follows the previous write and every read since; a read follows the previous write
+    # only, so reads between two writes stay independent (their ops can still batch).
+    last_write, reads = None, []
     out_node = None
     for n in gm.graph.nodes:
         if n.op == "output":
@@ -1415,10 +1419,17 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
             raise Unsupported(f"{n.name} ({_name(n.target)}) opens or closes a functorch transform")
         if n not in live and n.op != "placeholder":
             continue  # dead: to_fx would drop it anyway, and in a batch it would get a gradient
-        deps = [prev_effect] if (n in lw.effect_set and prev_effect is not None) else []
+        if n not in lw.effect_set:
+            lw.lower(n, [])
+            continue
+        writes = not (lw.is_pure(n) or _is_view(n) or _returns_input(n, lw.modules))
+        deps = [e for e in ([last_write, *reads] if writes else [last_write]) if e is not None]
         lw.lower(n, deps)
-        if n in lw.effect_set:
-            prev_effect = lw.expr.get(n) if n in lw.expr else prev_effect
+        if n in lw.expr:
+            if writes:
+                last_write, reads = lw.expr[n], []
+            else:
+                reads.append(lw.expr[n])
     if out_node is None:
         raise Unsupported("graph has no output node")
     outs: list = []
@@ -1431,8 +1442,8 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
 
     output_args = fx.node.map_aggregate(out_node.args[0], sub)
     n_outputs = len(outs)
-    if prev_effect is not None:
-        outs.append(prev_effect)  # keeps the last effect (and its chain) alive
+    # the last write (which keeps every write and every read before it) and the reads after it
+    outs.extend(e for e in dict.fromkeys([last_write, *reads]) if e is not None)
     root = _app("outputs", _vec(outs))
     values.finish()  # every node ran: the inputs fit the graph
     lw.cost_table = table_of(inputs)
