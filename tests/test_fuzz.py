@@ -706,6 +706,12 @@ def at_batch(gm, inputs, x, b):
 @settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=DERANDOMIZE, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(prog=programs(), symbolic=st.booleans())
+# An aten.mul_ into a slice of a clone, then stacks reading the clone: an ATen in-place op
+# returns an alias, and was ordered as a read, so the stacks could run before the write.
+@example(prog={"n": 2, "d": 3, "b": 1, "steps": (("inplace", "clone_slice", 0), ("stack_binary", "add", 0, "reversed", [0, 1]),
+                                                 ("dropout", "F.dropout", [0])),
+               "split": "split", "out": "cat", "tap": None, "block": None, "special": False,
+               "dtype": torch.float32, "seed": 0}, symbolic=False)
 def test_random_aten_graph_optimizes_to_same_values(prog, symbolic):
     """The same programs as ATen graphs from make_fx: linears are mm(x, t(w)) / addmm(b, x, t(w)),
     layer norms native_layer_norm, parameters constants (get_attr), in-place ops aten.*_ calls.

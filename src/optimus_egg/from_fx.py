@@ -13,8 +13,9 @@ Mutation safety: every node that touches a mutated tensor or any of its views (t
 set), and every call kept for its side effect (asserts, guards, RNG draws), becomes an opaque,
 un-deduplicated call that also depends on the effects it must follow (a write on the
 previous write and the reads since, a read on the previous write), so no rule matches it and
-to_fx keeps that order. Graphs that switch global state (grad mode, autocast) between nodes
-are Unsupported.
+to_fx keeps that order. Writes into fresh values nothing else can see are made out-of-place
+first (functional.py), so they need none of this. Graphs that switch global state (grad
+mode, autocast) between nodes are Unsupported.
 """
 from __future__ import annotations
 
@@ -105,6 +106,7 @@ class Lowered:
     symbols: dict[str, tuple[int, object]] = field(default_factory=dict)  # symbol or expression -> (sentinel, source) (shapes.py)
     leaf_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # Tensor.input name -> shape
     grad_reach: set[fx.Node] | None = None  # the nodes a gradient of the outputs reaches (_grad_reach), once seeded
+    out_of_place: int = 0                 # writes into fresh values made out-of-place (functional.py); gm is then a copy
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -228,21 +230,28 @@ def _submodule(node: fx.Node, modules: dict | None):
     return mod if mod is not None else gm.get_submodule(node.target)
 
 
+# `h += y` on a tensor writes into h: Dynamo records operator.iadd (FX's symbolic trace, an add).
+_INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                      operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+                      operator.ilshift, operator.irshift, operator.imatmul}
+_INPLACE_DUNDERS = {f"__{op.__name__}__" for op in _INPLACE_OPERATORS}
+
+
 def is_mutation(node: fx.Node, modules: dict | None = None) -> bool:
-    """Does the node write into a tensor (an in-place method or op, `out=`, `inplace=True`,
-    setitem)? FX's dead-code elimination does not know these: a `y.mul_(z)` whose result is
+    """Does the node write into a tensor (an in-place method, op or operator, `out=`,
+    `inplace=True`, setitem)? FX's dead-code elimination does not know these: a `y.mul_(z)` whose result is
     unused looks dead to it."""
     if node.op == "call_module":  # nn.ReLU(inplace=True) writes into its input
         mod = _submodule(node, modules)
         return mod is not None and getattr(mod, "inplace", False) is True
     if node.op not in ("call_function", "call_method"):
         return False
-    if node.target is operator.setitem:
+    if node.target is operator.setitem or node.target in _INPLACE_OPERATORS:
         return True
     if isinstance(node.target, torch._ops.OpOverload):
         return node.target._schema.is_mutable
     name = _name(node.target)
-    return ((name.endswith("_") and not name.endswith("__")) or "out" in node.kwargs
+    return ((name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS or "out" in node.kwargs
             or node.kwargs.get("inplace") is True or _bound_args(node).get("inplace") is True)
 
 
@@ -1390,7 +1399,21 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
     try:
         if meanwhile is not None:
             meanwhile()
+        out_of_place = 0
+        if mutated:
+            from optimus_egg.functional import functionalize  # (it imports this module)
+            from optimus_egg.to_fx import graph_module
+
+            done = functionalize(gm, values, modules)
+            if done is not None:
+                graph, new_values, out_of_place = done
+                gm = graph_module(gm, graph, class_name=type(gm).__name__)
+                values.finish()
+                values = shapes._Local(new_values)
+                modules = _submodules(gm)
+                mutated = [n for n in gm.graph.nodes if is_mutation(n, modules)]
         lowered = _lower(gm, inputs, values, modules, mutated, seed_groups)
+        lowered.out_of_place = out_of_place
     except ValueError:
         raise
     except Exception:
@@ -1422,7 +1445,7 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool) -> Lowered:
         if n not in lw.effect_set:
             lw.lower(n, [])
             continue
-        writes = not (lw.is_pure(n) or _is_view(n) or _returns_input(n, lw.modules))
+        writes = is_mutation(n, lw.modules) or not (lw.is_pure(n) or _is_view(n) or _returns_input(n, lw.modules))
         deps = [e for e in ([last_write, *reads] if writes else [last_write]) if e is not None]
         lw.lower(n, deps)
         if n in lw.expr:

@@ -54,6 +54,7 @@ class Report:
     hard_stop: bool = False      # the search worker was killed at the hard deadline
     parts: int = 1               # parts kept apart: stretches between state changes, bodies (parts.py)
     zero_grads: list[str] = field(default_factory=list)  # tensors given zero gradients by ops.keep_grads
+    out_of_place: int = 0        # writes into fresh values made out-of-place before lowering (functional.py)
 
     def __str__(self) -> str:
         t = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
@@ -71,6 +72,8 @@ class Report:
         if self.parts != 1:
             lines.insert(1, f"  {self.parts} parts kept apart (stretches between grad-mode / autocast changes, "
                             "bodies: checkpointed, cond branches, shared layers)")
+        if self.out_of_place:
+            lines.append(f"  in-place writes into fresh values made out-of-place: {self.out_of_place}")
         if self.kept_input:
             lines.append(f"  kept the input: {self.kept_input}")
         if self.zero_grads:
@@ -257,10 +260,12 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     meanwhile = (lambda: warm(rulesets)) if budget_s > 0 else None
     lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile)
     report.groups = lowered.groups
+    report.out_of_place = lowered.out_of_place
+    src = lowered.gm  # gm, or its copy with writes into fresh values made out-of-place
     report.cost_table = lowered.cost_table
     report.timings["from_fx"] = time.perf_counter() - t
 
-    before = _Before(gm, lowered, report)
+    before = _Before(src, lowered, report)
     if budget_s == 0:
         before.measure()
         report.stop_reason = "budget"
@@ -295,9 +300,9 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
                              f"{report.launches_before} for the input")
         report.launches_after = report.launches_before
         return gm
-    lost = _lost_leaves(gm, out, inputs, lowered.grad_reach)
+    lost = _lost_leaves(src, out, inputs, lowered.grad_reach)
     if any(lost):
-        if not _keep_zero_grads(gm, out, inputs, lost, lowered.grad_reach):
+        if not _keep_zero_grads(src, out, inputs, lost, lowered.grad_reach):
             report.kept_input = "a parameter's gradient would be None where the input's is zeros"
             return gm
         report.zero_grads = [f"input {i}" for i in sorted(lost[0])] + sorted(lost[1])

@@ -1,0 +1,152 @@
+"""Writes into fresh values, made out-of-place before lowering.
+
+An in-place op (`h.relu_()`, `F.relu(h, inplace=True)`, `nn.ReLU(inplace=True)`, Dynamo's
+`operator.iadd` for `h += y`, `h.copy_(y)`) makes every node that touches `h` an ordered,
+opaque effect (from_fx, "Mutation safety"): no rule matches them, so an MLP per feature
+with in-place ReLUs was left unbatched. Where `h` is a fresh value (its op allocates its
+result: a linear, an out-of-place elementwise op, a cat, ...) and every node that reads it
+before the write makes a fresh value of its own (no view, nothing that could return `h`
+itself), the write can only be seen through `h`: it becomes the out-of-place op (`copy_`: a
+clone of the source), and every later use of `h` reads that op's result. Writes into graph
+inputs, parameters, views or values whose aliases are read later stay as they are, and so do
+writes whose out-of-place op would give another dtype or shape (a tensor operand of another
+dtype, a broadcast copy) or into values that are not floating.
+"""
+from __future__ import annotations
+
+import copy
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from optimus_egg.from_fx import _PURE_NAMES, _bound_args, _is_view, _name, _returns_input, _signature, is_mutation
+
+# In-place method -> its out-of-place method.
+_METHODS = {
+    "relu_": "relu", "sigmoid_": "sigmoid", "tanh_": "tanh", "exp_": "exp", "neg_": "neg", "abs_": "abs",
+    "sqrt_": "sqrt", "rsqrt_": "rsqrt", "log_": "log", "square_": "square", "add_": "add", "sub_": "sub",
+    "mul_": "mul", "div_": "div", "clamp_": "clamp", "clamp_min_": "clamp_min", "clamp_max_": "clamp_max",
+    "masked_fill_": "masked_fill", "__iadd__": "add", "__isub__": "sub", "__imul__": "mul", "__itruediv__": "div",
+}
+# In-place function -> its out-of-place function.
+_FUNCTIONS = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+              operator.itruediv: operator.truediv}
+_FUNCTIONS.update({getattr(torch, m): getattr(torch, f) for m, f in _METHODS.items()
+                   if not m.startswith("__") and hasattr(torch, m) and hasattr(torch, f)})
+# Functions with an `inplace` flag, written out-of-place by clearing it.
+_FLAGGED = {F.relu, F.relu6, F.silu, F.hardtanh, F.leaky_relu, F.elu, F.celu, F.selu, F.hardswish,
+            F.hardsigmoid, F.mish, F.threshold}
+# Modules with an `inplace` flag -> (function, the module's arguments to it).
+_MODULES = {
+    nn.ReLU: lambda m: (F.relu, ()), nn.ReLU6: lambda m: (F.relu6, ()), nn.SiLU: lambda m: (F.silu, ()),
+    nn.Hardtanh: lambda m: (F.hardtanh, (m.min_val, m.max_val)),
+    nn.LeakyReLU: lambda m: (F.leaky_relu, (m.negative_slope,)), nn.ELU: lambda m: (F.elu, (m.alpha,)),
+    nn.CELU: lambda m: (F.celu, (m.alpha,)), nn.SELU: lambda m: (F.selu, ()),
+    nn.Hardswish: lambda m: (F.hardswish, ()), nn.Hardsigmoid: lambda m: (F.hardsigmoid, ()),
+    nn.Mish: lambda m: (F.mish, ()), nn.Threshold: lambda m: (F.threshold, (m.threshold, m.value)),
+}
+# Ops in _PURE_NAMES whose result may be (a view of) an operand rather than a fresh tensor.
+_MAY_ALIAS = {"detach", "split", "chunk", "unbind", "getitem", "view", "reshape", "flatten", "unflatten",
+              "permute", "transpose", "t", "movedim", "squeeze", "unsqueeze", "size", "contiguous", "expand",
+              "to", "float", "type_as", "select", "narrow", "view_as", "reshape_as", "split_with_sizes",
+              "sym_size", "diagonal", "einsum", "_to_copy"}
+_FRESH_NAMES = (_PURE_NAMES - _MAY_ALIAS) | {"relu6", "hardtanh", "leaky_relu", "elu", "celu", "selu",
+                                              "hardswish", "hardsigmoid", "mish", "threshold", "softplus"}
+_FRESH_MODULES = (nn.Linear, nn.LayerNorm, *_MODULES)
+_SIZES = {"size", "sym_size", "dim", "numel"}  # reads of a tensor's sizes, which no write changes
+
+
+def functionalize(gm: fx.GraphModule, values: dict, modules: dict) -> tuple[fx.Graph, dict, int] | None:
+    """A copy of gm's graph with every write into a fresh value made out-of-place (module
+    docstring), `values` (node -> example value or Meta) keyed by the copy's nodes, and how
+    many writes changed; None where none can."""
+    if not any(_out_of_place(n, modules) is not None for n in gm.graph.nodes):
+        return None
+    graph = copy.deepcopy(gm.graph)
+    graph.owning_module = gm  # (its module calls are found there until the copy gets a module of its own)
+    old = dict(zip(graph.nodes, gm.graph.nodes))
+    values = {n: values.get(o) for n, o in old.items()}
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    fresh: set[fx.Node] = set()
+    changed = 0
+    for m in list(graph.nodes):
+        new = _out_of_place(m, modules)
+        if new is None or not m.args or not isinstance(m.args[0], fx.Node):
+            continue
+        t = m.args[0]
+        if not (t in fresh or _fresh(t, modules)) or not _keeps_dtype(m, t, values):
+            continue
+        if any(order[u] < order[m] and not (u in fresh or _fresh(u, modules) or _name(u.target) in _SIZES)
+               for u in t.users if u is not m):
+            continue  # a view (or what may be one) of t read after the write would see it
+        for u in [u for u in t.users if order[u] > order[m]]:
+            u.replace_input_with(t, m)
+        m.op, m.target, m.args, m.kwargs = new(m)
+        fresh.add(m)
+        changed += 1
+    if not changed:
+        return None
+    graph.lint()
+    return graph, values, changed
+
+
+def _out_of_place(n: fx.Node, modules: dict):
+    """How to write n out-of-place (node -> (op, target, args, kwargs)), or None."""
+    if not is_mutation(n, modules) or "out" in n.kwargs:
+        return None
+    if n.op == "call_method" and n.target == "copy_" and len(n.args) == 2 and not n.kwargs:
+        return lambda m: ("call_method", "clone", (m.args[1],), {})  # (a copy: later writes to either stay apart)
+    if n.op == "call_method" and n.target in _METHODS:
+        return lambda m: ("call_method", _METHODS[m.target], m.args, m.kwargs)
+    if n.op == "call_function" and n.target in _FUNCTIONS:
+        return lambda m: ("call_function", _FUNCTIONS[m.target], m.args, m.kwargs)
+    if n.op == "call_function" and n.target in _FLAGGED and _bound_args(n):
+        def flagged(m):
+            bound = _signature(m.target).bind(*m.args, **m.kwargs)
+            bound.arguments["inplace"] = False
+            return "call_function", m.target, tuple(bound.args), dict(bound.kwargs)
+        return flagged
+    if n.op == "call_module" and type(modules.get(n.target)) in _MODULES and len(n.args) == 1 and not n.kwargs:
+        def module(m):
+            fn, extra = _MODULES[type(modules[m.target])](modules[m.target])
+            return "call_function", fn, (m.args[0], *extra), {}
+        return module
+    return None
+
+
+def _fresh(n: fx.Node, modules: dict) -> bool:
+    """Does n's op allocate its result (never return an operand or a view of one)?"""
+    if _is_view(n) or _returns_input(n, modules) or is_mutation(n, modules):
+        return False
+    if n.op == "call_module":
+        mod = modules.get(n.target)
+        return isinstance(mod, _FRESH_MODULES) and getattr(mod, "inplace", False) is not True
+    if n.op not in ("call_function", "call_method"):
+        return False
+    if n.target in (operator.add, operator.sub, operator.mul, operator.truediv):
+        return True
+    return _name(n.target).lstrip("_") in _FRESH_NAMES
+
+
+def _keeps_dtype(m: fx.Node, t: fx.Node, values: dict) -> bool:
+    """Is the written value floating, and every tensor operand of the write of its dtype (so
+    the out-of-place op gives the same dtype and shape)?"""
+    vt, vm = values.get(t), values.get(m)
+    if not (_tensor_like(vt) and _tensor_like(vm)) or not vt.dtype.is_floating_point or vm.dtype != vt.dtype:
+        return False
+    try:
+        if tuple(vm.shape) != tuple(vt.shape):
+            return False
+        if m.target == "copy_" and tuple(getattr(values.get(m.args[1]), "shape", ())) != tuple(vt.shape):
+            return False  # a broadcast copy
+    except Exception:  # noqa: BLE001 (symbolic sizes that cannot be compared: leave the write)
+        return False
+    return all(a is t or not _tensor_like(values.get(a)) or values[a].dtype == vt.dtype for a in m.all_input_nodes)
+
+
+def _tensor_like(v) -> bool:
+    """A tensor, or what lowering keeps of one (Meta, FX's TensorMetadata)."""
+    return isinstance(getattr(v, "dtype", None), torch.dtype) and hasattr(v, "shape")
