@@ -6,9 +6,9 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
 
 - an extern GEMM (mm / addmm / bmm / baddbmm, a linear) or an ATen fallback launches once
   (on CPU every scan, cumsum and its kind, is one);
-- elementwise ops, reductions and copies connected producer -> consumer (through views)
-  fuse into one kernel, up to a GEMM, unless another path from the producer to the consumer
-  passes through an extern call;
+- elementwise ops, reductions and copies connected producer -> consumer (through views), or
+  reading one value (an input, an extern call's result, one view of either), fuse into one
+  kernel, up to a GEMM, unless a path between the two passes through an extern call;
 - a cat or stack of computed tensors is free: each producer writes into its slice (a view
   of one, or an input, is copied: the cat is then a kernel of its own), and the elementwise
   producers fuse with the cat's consumers (a bias add per row, the cat and a LayerNorm that
@@ -111,19 +111,28 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         if name in COPIES and not leafy[n] and all(kind.get(a) in ("compute", "extern") for a in n.all_input_nodes):
             free_cat.add(n)  # producers write straight into the output buffer
     through_extern = _extern_paths(gm, kind)
+    readers: dict[fx.Node, list[fx.Node]] = {}  # a view, input or extern result -> compute nodes reading it
     for n in compute:
         if n in free_cat:
             continue
         for a in sources(n):
             if a not in free_cat and (not leafy[a] or not leafy[n]) and not through_extern(a, n):
                 union(a, n)
+        for a in n.all_input_nodes:
+            if kind.get(a) in ("view", "leaf", "extern"):
+                readers.setdefault(a, []).append(n)
+    for ns in readers.values():  # siblings sharing a read
+        for b in ns[1:]:
+            if not through_extern(ns[0], b) and not through_extern(b, ns[0]):
+                union(ns[0], b)
+    computed = {find(n) for n in compute if n not in free_cat and not leafy[n]}  # groups with computed inputs
     sizes: dict[fx.Node, int] = {}   # fused group -> its nodes
     lonely_copies = 0                # copies of inputs / parameters feeding only GEMMs
     for n in compute:
         if n in free_cat:
             continue
         root = find(n)
-        if leafy[root]:
+        if root not in computed:
             lonely_copies += 1
         else:
             sizes[root] = sizes.get(root, 0) + 1

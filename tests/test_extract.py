@@ -386,6 +386,25 @@ def test_fused_launches_fuses_a_cats_producers_with_its_consumer():
     assert measured.extern == 2 and fused_launches(gm) == measured.total == 4
 
 
+def _three_reads_of_one_gemm(x, w0, w1, w2, w3):
+    h = x @ w0
+    return torch.tanh(h) @ w1, torch.sigmoid(h) @ w2, torch.relu(h) @ w3
+
+
+def test_fused_launches_fuses_siblings_reading_one_value():
+    """Three elementwise ops read one GEMM's result and each feeds a GEMM of its own: they share
+    the read, so Inductor computes them in one kernel (5 launches: four mm and that kernel).
+    The estimate once gave each its own kernel (7)."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(_three_reads_of_one_gemm)
+    inputs = [torch.randn(8, 8) for _ in range(5)]
+    with torch.no_grad():
+        measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+    assert measured.extern == 4 and fused_launches(gm) == measured.total == 5
+
+
 def _residual(x, w):
     a = torch.tanh(x)
     return a * (a @ w)  # a reaches the mul directly and through the GEMM
