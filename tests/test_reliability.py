@@ -257,7 +257,7 @@ def _captured(model, inputs) -> tuple[fx.GraphModule, list]:
     return graphs[0]
 
 
-@pytest.mark.parametrize("spelling", ["method", "function", "module", "copy", "iadd"])
+@pytest.mark.parametrize("spelling", ["method", "function", "module", "copy", "iadd", "aten"])
 def test_writes_into_fresh_values_are_made_out_of_place_and_batch(spelling):
     """Each branch's write lands in a fresh linear output nothing else reads: it becomes the
     out-of-place op, and the four branches batch (before, every node after a write was an
@@ -266,6 +266,12 @@ def test_writes_into_fresh_values_are_made_out_of_place_and_batch(spelling):
     if spelling == "iadd":
         gm, inputs = _captured(model, inputs)
         assert calls(gm, operator.iadd) == 4
+    elif spelling == "aten":  # make_fx: aten.relu_.default
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        with torch.no_grad():
+            gm = make_fx(_InPlaceMLPs("method").eval())(*inputs)
+        assert calls(gm, torch.ops.aten.relu_.default) == 4
     else:
         gm = fx.symbolic_trace(model)
     out, report = _optimize_exact(gm, *inputs, exact=False)
@@ -274,6 +280,8 @@ def test_writes_into_fresh_values_are_made_out_of_place_and_batch(spelling):
     mutations = [n for n in out.graph.nodes if from_fx.is_mutation(n, dict(out.named_modules()))]
     assert not mutations
     assert calls(gm, nn.ReLU) == (4 if spelling == "module" else 0)  # the input graph is untouched
+    if spelling == "aten":
+        assert calls(gm, torch.ops.aten.relu_.default) == 4
 
 
 def test_in_place_relus_launch_no_more_than_optimus():

@@ -103,6 +103,8 @@ def _out_of_place(n: fx.Node, modules: dict):
         return lambda m: ("call_method", _METHODS[m.target], m.args, m.kwargs)
     if n.op == "call_function" and n.target in _FUNCTIONS:
         return lambda m: ("call_function", _FUNCTIONS[m.target], m.args, m.kwargs)
+    if n.op == "call_function" and _aten_out_of_place(n.target) is not None:
+        return lambda m: ("call_function", _aten_out_of_place(m.target), m.args, m.kwargs)
     if n.op == "call_function" and n.target in _FLAGGED and _bound_args(n):
         def flagged(m):
             bound = _signature(m.target).bind(*m.args, **m.kwargs)
@@ -115,6 +117,17 @@ def _out_of_place(n: fx.Node, modules: dict):
             return "call_function", fn, (m.args[0], *extra), {}
         return module
     return None
+
+
+def _aten_out_of_place(target):
+    """aten.mul_.Tensor -> aten.mul.Tensor, for the ops of _METHODS; None otherwise."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    name = target._schema.name.split("::")[-1]
+    if name not in _METHODS or name.startswith("__"):
+        return None
+    packet = getattr(torch.ops.aten, _METHODS[name], None)
+    return getattr(packet, target._overloadname, None) if packet is not None else None
 
 
 def _fresh(n: fx.Node, modules: dict) -> bool:
