@@ -239,8 +239,8 @@ _INPLACE_DUNDERS = {f"__{op.__name__}__" for op in _INPLACE_OPERATORS}
 
 def is_mutation(node: fx.Node, modules: dict | None = None) -> bool:
     """Does the node write into a tensor (an in-place method, op or operator, `out=`,
-    `inplace=True`, setitem)? FX's dead-code elimination does not know these: a `y.mul_(z)` whose result is
-    unused looks dead to it."""
+    `inplace=True`, setitem)? FX's dead-code elimination does not know these: a `y.mul_(z)`
+    whose result is unused looks dead to it."""
     if node.op == "call_module":  # nn.ReLU(inplace=True) writes into its input
         mod = _submodule(node, modules)
         return mod is not None and getattr(mod, "inplace", False) is True
