@@ -1,16 +1,17 @@
 """Writes into fresh values, made out-of-place before lowering.
 
 An in-place op (`h.relu_()`, `F.relu(h, inplace=True)`, `nn.ReLU(inplace=True)`, Dynamo's
-`operator.iadd` for `h += y`, `h.copy_(y)`) makes every node that touches `h` an ordered,
-opaque effect (from_fx, "Mutation safety"): no rule matches them, so an MLP per feature
-with in-place ReLUs was left unbatched. Where `h` is a fresh value (its op allocates its
-result: a linear, an out-of-place elementwise op, a cat, ...) and every node that reads it
-before the write makes a fresh value of its own (no view, nothing that could return `h`
-itself), the write can only be seen through `h`: it becomes the out-of-place op (`copy_`: a
-clone of the source), and every later use of `h` reads that op's result. Writes into graph
-inputs, parameters, views or values whose aliases are read later stay as they are, and so do
-writes whose out-of-place op would give another dtype or shape (a tensor operand of another
-dtype, a broadcast copy) or into values that are not floating.
+`operator.iadd` for `h += y`) makes every node that touches `h` an ordered, opaque effect
+(from_fx, "Mutation safety"): no rule matches them, so an MLP per feature with in-place
+ReLUs was left unbatched. Where `h` is a fresh value (its op allocates its result: a linear,
+an out-of-place elementwise op, a cat, ...) and every node that reads it before the write
+makes a fresh value of its own (no view, nothing that could return `h` itself), the write
+can only be seen through `h`: it becomes the out-of-place op, and every later use of `h`
+reads that op's result. Writes into graph inputs, parameters, views or values whose aliases
+are read later stay as they are, and so do writes whose out-of-place op would give another
+dtype (a tensor operand of another dtype) or into values that are not floating. `h.copy_(y)`
+stays too: as `y.clone()` the gradient would no longer reach what computed `h` (eagerly it
+gets zeros, and the output still requires grad), which training through the backend showed.
 """
 from __future__ import annotations
 
@@ -97,8 +98,6 @@ def _out_of_place(n: fx.Node, modules: dict):
     """How to write n out-of-place (node -> (op, target, args, kwargs)), or None."""
     if not is_mutation(n, modules) or "out" in n.kwargs:
         return None
-    if n.op == "call_method" and n.target == "copy_" and len(n.args) == 2 and not n.kwargs:
-        return lambda m: ("call_method", "clone", (m.args[1],), {})  # (a copy: later writes to either stay apart)
     if n.op == "call_method" and n.target in _METHODS:
         return lambda m: ("call_method", _METHODS[m.target], m.args, m.kwargs)
     if n.op == "call_function" and n.target in _FUNCTIONS:
@@ -153,8 +152,6 @@ def _keeps_dtype(m: fx.Node, t: fx.Node, values: dict) -> bool:
     try:
         if tuple(vm.shape) != tuple(vt.shape):
             return False
-        if m.target == "copy_" and tuple(getattr(values.get(m.args[1]), "shape", ())) != tuple(vt.shape):
-            return False  # a broadcast copy
     except Exception:  # noqa: BLE001 (symbolic sizes that cannot be compared: leave the write)
         return False
     return all(a is t or not _tensor_like(values.get(a)) or values[a].dtype == vt.dtype for a in m.all_input_nodes)
