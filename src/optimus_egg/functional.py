@@ -23,7 +23,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from optimus_egg.from_fx import _PURE_NAMES, _bound_args, _is_view, _name, _returns_input, _signature, is_mutation
+from optimus_egg.from_fx import _BINARY, _PURE_NAMES, _bound_args, _is_view, _name, _returns_input, _signature, is_mutation
 
 # In-place method -> its out-of-place method.
 _METHODS = {
@@ -138,7 +138,7 @@ def _fresh(n: fx.Node, modules: dict) -> bool:
         return isinstance(mod, _FRESH_MODULES) and getattr(mod, "inplace", False) is not True
     if n.op not in ("call_function", "call_method"):
         return False
-    if n.target in (operator.add, operator.sub, operator.mul, operator.truediv):
+    if n.target in _BINARY:
         return True
     return _name(n.target).lstrip("_") in _FRESH_NAMES
 
