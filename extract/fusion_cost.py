@@ -8,28 +8,32 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   (on CPU every scan, cumsum and its kind, is one);
 - elementwise ops, reductions and copies connected producer -> consumer (through views), or
   reading one value (an input, an extern call's result, one view of either), fuse into one
-  kernel, up to a GEMM, unless a path between the two passes through an extern call;
+  kernel, up to a GEMM, unless a path between the two passes through an extern call; an
+  elementwise op that several readers take pieces of is computed inside each (inlined);
 - a cat or stack of computed tensors is free: each producer writes into its slice (a view
-  of one, or an input, is copied: the cat is then a kernel of its own), and the elementwise
-  producers fuse with the cat's consumers (a bias add per row, the cat and a LayerNorm that
-  reads it are one kernel);
-- copies of graph inputs and parameters (the stacked weights of a batched GEMM) fuse with a
-  computed consumer, and otherwise into one kernel with every other such copy;
+  of one, or an input, is copied: the cat is then a kernel of its own);
 - a dropout that draws (F.dropout's `training` defaults to True) computes like an elementwise
   op, and any random op adds one fallback call that draws the graph's seeds;
 - given shapes, a GEMM that Inductor's CPU decompositions compute as elementwise code (a
   one-row linear with K, N <= 16, a dot product, a small outer product, a batched
   matrix-vector product: launch_cost.py) computes like an elementwise op.
+
+On CPU the kernels are then counted as Inductor's C++ backend writes them: everything it
+schedules between two calls goes into one kernel (`_cpu_kernels`), fused or not, so what
+counts is where each fused group runs relative to the calls, in the order Inductor
+compiles the graph (`_locality_order`). For other targets (`table="cuda"`) each fused group
+is a kernel; copies of inputs and parameters that feed only GEMMs are one.
 """
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 
 import torch.fx as fx
-from optimus_egg.extract.launch_cost import (GEMM_TARGETS, VIEW_TARGETS, elementwise_batched_linear, elementwise_linear,
-                                             elementwise_matmul)
-from optimus_egg.from_fx import draws_random
+from optimus_egg.extract.launch_cost import (GEMM_TARGETS, REDUCTION_TARGETS, VIEW_TARGETS, elementwise_batched_linear,
+                                             elementwise_linear, elementwise_matmul)
+from optimus_egg.from_fx import draws_random, is_mutation
 
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
                          "scatter_add", "sort", "topk", "nonzero"}
@@ -51,6 +55,7 @@ def _target_name(n: fx.Node, modules: dict) -> str:
 _MODULE_EXTERN = {"linear", "embeddingbag", "embedding", "conv1d", "conv2d"}
 # Scans: Inductor generates them only where the backend has the SCAN feature (Triton); its C++
 # backend calls ATen's (torch/_inductor/ir.py Scan.create returns None, lowering.py falls back).
+REDUCTIONS = REDUCTION_TARGETS | {"layernorm", "softmax", "logsoftmax"}  # realized where computed
 SCANS = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
 
 
@@ -66,7 +71,10 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
     leafy: dict[fx.Node, bool] = {}  # computed from graph inputs / parameters only
     modules = dict(gm.named_modules(remove_duplicate=False))
     random = False  # a random op: Inductor draws the graph's seeds in one fallback call
+    live = _live(gm, modules)
     for n in gm.graph.nodes:
+        if n not in live:
+            continue  # dead code: Inductor removes it
         if n.op in ("placeholder", "get_attr"):
             kind[n], leafy[n] = "leaf", True
             continue
@@ -77,6 +85,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         random = random or draws_random(n, modules)
         leafy[n] = all(leafy.get(a, False) for a in ins) and kind[n] != "extern"
 
+    cpu = table == "cpu"
     parent: dict[fx.Node, fx.Node] = {}
 
     def find(x):
@@ -92,15 +101,17 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
 
     def sources(n: fx.Node) -> list[fx.Node]:
         """Compute nodes feeding n, looking through views."""
-        out, todo, seen = [], list(n.all_input_nodes), set()
+        out, todo, seen = [], [(a, False) for a in n.all_input_nodes], set()
         while todo:
-            a = todo.pop()
+            a, viewed = todo.pop()
             if a in seen or a not in kind:
                 continue
             seen.add(a)
-            if kind[a] == "view" or a in free_cat:
-                todo.extend(a.all_input_nodes)
+            if kind[a] == "view" or (a in free_cat and not cpu):
+                todo.extend((b, True) for b in a.all_input_nodes)
             elif kind[a] == "compute":
+                if cpu and viewed and len(a.users) > 1 and _target_name(a, modules) not in REDUCTIONS | COPIES:
+                    continue  # inlined into each reader of a piece: no shared kernel
                 out.append(a)
         return out
 
@@ -116,7 +127,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         if n in free_cat:
             continue
         for a in sources(n):
-            if a not in free_cat and (not leafy[a] or not leafy[n]) and not through_extern(a, n):
+            if a not in free_cat and (cpu or not leafy[a] or not leafy[n]) and not through_extern(a, n):
                 union(a, n)
         for a in n.all_input_nodes:
             if kind.get(a) in ("view", "leaf", "extern"):
@@ -137,8 +148,141 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         else:
             sizes[root] = sizes.get(root, 0) + 1
     externs = sum(1 for k in kind.values() if k == "extern")
+    if cpu:
+        return externs + _cpu_kernels(gm, modules, kind, compute, free_cat, find) + random
     kernels = sum(math.ceil(s / MAX_FUSION) for s in sizes.values())
     return externs + kernels + math.ceil(lonely_copies / MAX_FUSION) + random
+
+
+def _live(gm: fx.GraphModule, modules: dict) -> set[fx.Node]:
+    """Nodes whose values or writes reach the output (the rest is dead code)."""
+    live: set[fx.Node] = set()
+    for n in reversed(gm.graph.nodes):
+        if n.op in ("output", "placeholder") or is_mutation(n, modules) or any(u in live for u in n.users):
+            live.add(n)
+    return live
+
+
+class _Seeds:
+    """Where Inductor draws a graph's random seeds (one ATen call): before its first random
+    op, which its locality pass leaves in place."""
+
+
+def _locality_order(gm: fx.GraphModule, modules: dict) -> list:
+    """The order Inductor compiles an inference graph in: its post-grad pass
+    reorder_for_locality walks the graph backwards and moves each node's producers, once all
+    their users are behind, to just before it. A random op's draw stays (a _Seeds marker);
+    its elementwise part moves like any other node. getitems stay; dead code does not count."""
+    nodes: list = []
+    for n in gm.graph.nodes:
+        if draws_random(n, modules):
+            nodes.append(_Seeds())
+        nodes.append(n)
+    prev = dict(zip(nodes, [None] + nodes[:-1]))
+    nxt = dict(zip(nodes, nodes[1:] + [None]))
+    first = nodes[0] if nodes else None
+
+    def unlink(n):
+        nonlocal first
+        p, q = prev[n], nxt[n]
+        if p is None:
+            first = q
+        else:
+            nxt[p] = q
+        if q is not None:
+            prev[q] = p
+
+    def insert_before(n, at):
+        nonlocal first
+        p = prev[at]
+        prev[n], nxt[n], prev[at] = p, at, n
+        if p is None:
+            first = n
+        else:
+            nxt[p] = n
+
+    live = _live(gm, modules)
+    seen: set = set()
+    node = nodes[-1] if nodes else None
+    while node is not None:
+        seen.add(node)
+        if isinstance(node, fx.Node) and node in live:
+            args: list[fx.Node] = []
+            fx.map_arg((node.args, node.kwargs), args.append)
+            for a in args:
+                if (a.op in ("call_function", "call_method", "call_module") and a.target is not operator.getitem
+                        and a is not node and all(u in seen or u not in live for u in a.users)):
+                    unlink(a)
+                    insert_before(a, node)
+        node = prev[node]
+    out = []
+    while first is not None:
+        out.append(first)
+        first = nxt[first]
+    return out
+
+
+def _cpu_kernels(gm: fx.GraphModule, modules: dict, kind: dict, compute: list, free_cat: set, find) -> int:
+    """C++ kernels: Inductor's C++ backend writes every node it schedules between two calls
+    (an extern kernel, an ATen fallback) into one kernel, so the kernels are the slots between
+    calls that run code. A fused group (`find`) runs in the earliest slot one of its nodes is
+    realized in, and after every call it waits on: an elementwise node where its first reader
+    that needs it in memory runs (lazily: a call), a reduction, a cat or an output where the
+    graph computes it, and a cat's producers with the cat; in the order of _locality_order."""
+    nodes = _locality_order(gm, modules)
+    seeds = next((n for n in nodes if isinstance(n, _Seeds)), None)
+    calls = [n for n in nodes if n is seeds or kind.get(n) == "extern"]
+    index = {n: i for i, n in enumerate(calls)}
+    end = len(calls)
+    before: dict = {}  # calls ahead of a node
+    count = 0
+    for n in nodes:
+        before[n] = count
+        count += n in index
+    need: dict[fx.Node, int] = {}  # the slot a node's first reader needs it by
+    for n in reversed(nodes):
+        if n in kind and kind[n] not in ("leaf", "extern"):
+            slots = [end if u.op == "output" else index[u] if u in index else need.get(u) for u in n.users]
+            slots = [s for s in slots if s is not None]
+            if slots:
+                need[n] = min(slots)
+    slot = {n: need[n] for n in compute if n in need}
+    for n in compute:
+        if n in free_cat:
+            for a in _cat_producers(n, kind, free_cat):
+                if a in slot:
+                    slot[a] = min(slot[a], before[n])
+        elif n in slot and (_target_name(n, modules) in REDUCTIONS | COPIES or (
+                any(u.op == "output" for u in n.users) and not any(is_mutation(u, modules) for u in n.users))):
+            slot[n] = min(slot[n], before[n])
+    ready: dict = {}  # the first slot after every call a node waits on
+    for n in nodes:
+        if isinstance(n, fx.Node) and n in kind:
+            ready[n] = max([before[a] + 1 if a in index else ready.get(a, 0) for a in n.all_input_nodes]
+                           + [before[seeds] + 1 if seeds is not None and draws_random(n, modules) else 0])
+    group_slot: dict[fx.Node, int] = {}
+    group_ready: dict[fx.Node, int] = {}
+    for n in compute:
+        if n in slot and n not in free_cat:
+            root = find(n)
+            group_slot[root] = min(group_slot.get(root, end), slot[n])
+            group_ready[root] = max(group_ready.get(root, 0), ready[n])
+    return len({max(s, group_ready[r]) for r, s in group_slot.items()})
+
+
+def _cat_producers(cat: fx.Node, kind: dict, free_cat: set) -> list[fx.Node]:
+    """Compute nodes writing into a free cat's buffer (through views and nested free cats)."""
+    out, todo, seen = [], list(cat.all_input_nodes), set()
+    while todo:
+        a = todo.pop()
+        if a in seen or a not in kind:
+            continue
+        seen.add(a)
+        if kind[a] == "view" or a in free_cat:
+            todo.extend(a.all_input_nodes)
+        elif kind[a] == "compute":
+            out.append(a)
+    return out
 
 
 def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None = None,

@@ -405,6 +405,35 @@ def test_fused_launches_fuses_siblings_reading_one_value():
     assert measured.extern == 4 and fused_launches(gm) == measured.total == 5
 
 
+def _silus_then_gemms(x, w0, w1, w2):
+    a, b, c = x.split(4, 1)
+    return F.silu(a) @ w0, F.silu(b) @ w1, F.silu(c) @ w2
+
+
+def _silus_stacked(x, w0, w1, w2):
+    a, b, c = x.split(4, 1)
+    r = torch.bmm(torch.stack([F.silu(a), F.silu(b), F.silu(c)]), torch.stack([w0, w1, w2]))
+    return r[0], r[1], r[2]
+
+
+def test_fused_launches_counts_the_cpp_code_between_two_calls_as_one_kernel():
+    """Inductor's C++ backend writes all it schedules between two calls into one kernel. Three
+    silus of an input's pieces, each before a GEMM of its own, share no buffer and each runs
+    just before its GEMM: 3 kernels + 3 mm (the estimate once lumped them: 4). Stacked for one
+    bmm, the silus and the weights' copy share no buffer either, but run between the same
+    calls: 1 kernel + the bmm."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    inputs = [torch.randn(8, 12)] + [torch.randn(4, 4) for _ in range(3)]
+    for f, kernels in ((_silus_then_gemms, 3), (_silus_stacked, 1)):
+        gm = fx.symbolic_trace(f)
+        with torch.no_grad():
+            measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+            torch.testing.assert_close(gm(*inputs), f(*inputs))
+        assert measured.cpp == kernels and fused_launches(gm) == measured.total, (f.__name__, measured)
+
+
 def _residual(x, w):
     a = torch.tanh(x)
     return a * (a @ w)  # a reaches the mul directly and through the GEMM
