@@ -53,9 +53,9 @@ def _target_name(n: fx.Node, modules: dict) -> str:
 
 
 _MODULE_EXTERN = {"linear", "embeddingbag", "embedding", "conv1d", "conv2d"}
+REDUCTIONS = REDUCTION_TARGETS | {"layernorm", "softmax", "logsoftmax"}  # realized where computed
 # Scans: Inductor generates them only where the backend has the SCAN feature (Triton); its C++
 # backend calls ATen's (torch/_inductor/ir.py Scan.create returns None, lowering.py falls back).
-REDUCTIONS = REDUCTION_TARGETS | {"layernorm", "softmax", "logsoftmax"}  # realized where computed
 SCANS = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
 
 
@@ -99,6 +99,17 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         if ra is not rb:
             parent[ra] = rb
 
+    def reader_count(a: fx.Node) -> int:
+        """Nodes reading a, looking through views."""
+        out, todo = set(), list(a.users)
+        while todo:
+            u = todo.pop()
+            if kind.get(u) == "view":
+                todo.extend(u.users)
+            else:
+                out.add(u)
+        return len(out)
+
     def sources(n: fx.Node) -> list[fx.Node]:
         """Compute nodes feeding n, looking through views."""
         out, todo, seen = [], [(a, False) for a in n.all_input_nodes], set()
@@ -110,7 +121,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
             if kind[a] == "view" or (a in free_cat and not cpu):
                 todo.extend((b, True) for b in a.all_input_nodes)
             elif kind[a] == "compute":
-                if cpu and viewed and len(a.users) > 1 and _target_name(a, modules) not in REDUCTIONS | COPIES:
+                if cpu and viewed and reader_count(a) > 1 and _target_name(a, modules) not in REDUCTIONS | COPIES:
                     continue  # inlined into each reader of a piece: no shared kernel
                 out.append(a)
         return out
@@ -149,7 +160,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
             sizes[root] = sizes.get(root, 0) + 1
     externs = sum(1 for k in kind.values() if k == "extern")
     if cpu:
-        return externs + _cpu_kernels(gm, modules, kind, compute, free_cat, find) + random
+        return externs + _cpu_kernels(gm, modules, live, kind, compute, free_cat, find) + random
     kernels = sum(math.ceil(s / MAX_FUSION) for s in sizes.values())
     return externs + kernels + math.ceil(lonely_copies / MAX_FUSION) + random
 
@@ -168,7 +179,7 @@ class _Seeds:
     op, which its locality pass leaves in place."""
 
 
-def _locality_order(gm: fx.GraphModule, modules: dict) -> list:
+def _locality_order(gm: fx.GraphModule, modules: dict, live: set[fx.Node]) -> list:
     """The order Inductor compiles an inference graph in: its post-grad pass
     reorder_for_locality walks the graph backwards and moves each node's producers, once all
     their users are behind, to just before it. A random op's draw stays (a _Seeds marker);
@@ -201,7 +212,6 @@ def _locality_order(gm: fx.GraphModule, modules: dict) -> list:
         else:
             nxt[p] = n
 
-    live = _live(gm, modules)
     seen: set = set()
     node = nodes[-1] if nodes else None
     while node is not None:
@@ -222,14 +232,15 @@ def _locality_order(gm: fx.GraphModule, modules: dict) -> list:
     return out
 
 
-def _cpu_kernels(gm: fx.GraphModule, modules: dict, kind: dict, compute: list, free_cat: set, find) -> int:
+def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: dict, compute: list, free_cat: set,
+                 find) -> int:
     """C++ kernels: Inductor's C++ backend writes every node it schedules between two calls
     (an extern kernel, an ATen fallback) into one kernel, so the kernels are the slots between
     calls that run code. A fused group (`find`) runs in the earliest slot one of its nodes is
     realized in, and after every call it waits on: an elementwise node where its first reader
     that needs it in memory runs (lazily: a call), a reduction, a cat or an output where the
     graph computes it, and a cat's producers with the cat; in the order of _locality_order."""
-    nodes = _locality_order(gm, modules)
+    nodes = _locality_order(gm, modules, live)
     seeds = next((n for n in nodes if isinstance(n, _Seeds)), None)
     calls = [n for n in nodes if n is seeds or kind.get(n) == "extern"]
     index = {n: i for i, n in enumerate(calls)}
