@@ -237,7 +237,7 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
     """C++ kernels: Inductor's C++ backend writes every node it schedules between two calls
     (an extern kernel, an ATen fallback) into one kernel, so the kernels are the slots between
     calls that run code. A fused group (`find`) runs in the earliest slot one of its nodes is
-    realized in, and after every call it waits on: an elementwise node where its first reader
+    realized in, and its part that waits on a call after that call: an elementwise node where its first reader
     that needs it in memory runs (lazily: a call), a reduction, a cat or an output where the
     graph computes it, and a cat's producers with the cat; in the order of _locality_order."""
     nodes = _locality_order(gm, modules, live)
@@ -278,7 +278,11 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
             root = find(n)
             group_slot[root] = min(group_slot.get(root, end), slot[n])
             group_ready[root] = max(group_ready.get(root, 0), ready[n])
-    return len({max(s, group_ready[r]) for r, s in group_slot.items()})
+    slots = set()
+    for r, s in group_slot.items():  # a group whose members wait on a call runs after it;
+        slots.add(max(s, group_ready[r]))  # the members realized before that call run before
+        slots.add(s)
+    return len(slots)
 
 
 def _cat_producers(cat: fx.Node, kind: dict, free_cat: set) -> list[fx.Node]:
