@@ -236,10 +236,11 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
                  find) -> int:
     """C++ kernels: Inductor's C++ backend writes every node it schedules between two calls
     (an extern kernel, an ATen fallback) into one kernel, so the kernels are the slots between
-    calls that run code. A fused group (`find`) runs in the earliest slot one of its nodes is
-    realized in, and its part that waits on a call after that call: an elementwise node where its first reader
-    that needs it in memory runs (lazily: a call), a reduction, a cat or an output where the
-    graph computes it, and a cat's producers with the cat; in the order of _locality_order."""
+    calls that run code, in the order of _locality_order. A fused group (`find`) runs in the
+    earliest slot one of its nodes is realized in, and the part of it that waits on a call
+    runs after that call. A node is realized: elementwise, lazily, where its first reader that
+    needs it in memory (a call) runs; a reduction, a cat or an output where the graph
+    computes it; a cat's producers with the cat."""
     nodes = _locality_order(gm, modules, live)
     seeds = next((n for n in nodes if isinstance(n, _Seeds)), None)
     calls = [n for n in nodes if n is seeds or kind.get(n) == "extern"]
@@ -279,9 +280,9 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
             group_slot[root] = min(group_slot.get(root, end), slot[n])
             group_ready[root] = max(group_ready.get(root, 0), ready[n])
     slots = set()
-    for r, s in group_slot.items():  # a group whose members wait on a call runs after it;
-        slots.add(max(s, group_ready[r]))  # the members realized before that call run before
+    for r, s in group_slot.items():
         slots.add(s)
+        slots.add(max(s, group_ready[r]))  # its part that waits on a call
     return len(slots)
 
 
