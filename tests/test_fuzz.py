@@ -870,7 +870,8 @@ def trainable(prog):
                "dtype": torch.float32, "seed": 332})
 # A value written by copy_ from one that needs no gradient: made out-of-place as a clone of the
 # source, the output no longer required grad (eagerly it does, and the weights before it get
-# zeros), so copy_ stays in place (functional.py).
+# zeros); as aten.copy(h, y), lowered to y, those weights get their zeros from ops.keep_grads
+# (functional.py).
 @example(prog={"n": 2, "d": 4, "b": 3, "steps": (("broadcast", "sub", "row0", [1]), ("squeeze_split", 0, 0, 2),
                                                  ("binary", 1, 0, "add", 0), ("binary", 1, 1, "mul", 0),
                                                  ("binary", 0, 0, "mul", 0), ("linear", "own", True, [1]),

@@ -294,6 +294,60 @@ def test_in_place_relus_launch_no_more_than_optimus():
     assert after <= optimus < before, (before, after, optimus)
 
 
+class _CopyIntoFresh(nn.Module):
+    """A linear's output overwritten by `copy_` (so the linear computes nothing anyone reads)
+    and read by a linear that could batch with two others, eagerly or as make_fx writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.l0, self.l1, self.l2, self.l3 = (nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x, y):
+        h = self.l0(x) * 2.0
+        h.copy_(y)
+        return self.l1(h), self.l2(x), self.l3(y)
+
+
+@pytest.mark.parametrize("spelling", ["method", "aten"])
+def test_a_copy_into_a_fresh_value_reads_as_its_source_and_batches(spelling):
+    """`h.copy_(y)` into a fresh linear output: as `aten.copy(h, y)` it is lowered to `y` (same
+    shape and dtype), so the linear reading it batches with the two others, as Optimus batches
+    them (a random program of bench/differential.py, seed 29: 5 launches where Optimus had 3,
+    the write kept in place). The dropped linear's parameters keep their zero gradients."""
+    from optimus_egg.baselines import inductor_with_optimus
+    from optimus_egg.measure import compile_inductor
+
+    torch.manual_seed(0)
+    model, inputs = _CopyIntoFresh().eval(), [torch.randn(6, 8), torch.randn(6, 8)]
+    if spelling == "aten":
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        with torch.no_grad():
+            gm = make_fx(model)(*inputs)
+        assert calls(gm, torch.ops.aten.copy_.default) == 1
+        out, report = _optimize_exact(gm, *inputs, exact=False)
+        assert report.out_of_place == 1 and report.changed
+        assert not any(from_fx.is_mutation(n, {}) for n in out.graph.nodes)
+        return
+    gm = fx.symbolic_trace(model)
+    out, report = _optimize_exact(gm, *inputs, exact=False)
+    assert report.out_of_place == 1 and report.matches.get("batch-linear", 0) > 0 and report.changed
+    assert sorted(report.zero_grads) == ["l0.bias", "l0.weight"]
+    assert calls(gm, "copy_") == 1  # the input graph is untouched
+    before, after, optimus = (compile_inductor(g, inputs).launches.total
+                              for g in (gm, out, inductor_with_optimus(gm, inputs, post_grad=False)))
+    assert after <= optimus < before, (before, after, optimus)
+    # gradients: eager gives l0 zeros (copy_ cuts what computed h), l1..l3 their own
+    expected = model(*inputs)
+    sum(t.sum() for t in expected).backward()
+    want = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    sum(t.sum() for t in out(*inputs)).backward()
+    got = {k: p.grad for k, p in model.named_parameters()}
+    assert all(got[k] is not None for k in want) and not want["l0.weight"].any()
+    torch.testing.assert_close(got, want)
+
+
 class _WriteThatStays(nn.Module):
     """Four linears of x's pieces (a batch to find) and a write that must stay in place."""
 

@@ -482,6 +482,13 @@ class _Lowerer:
         # copies of one value (flatten(x) traced twice) group as one input (batch_linear_lhs).
         self.expr[n] = self.first_name.setdefault(e, ref)
 
+    def same_value_kind(self, n: fx.Node, a) -> bool:
+        """Do n and its operand `a` have one static shape, dtype and device?"""
+        v, w = self.values.get(n), self.values.get(a) if isinstance(a, fx.Node) else None
+        if not (isinstance(v, (torch.Tensor, shapes.Meta)) and isinstance(w, (torch.Tensor, shapes.Meta))):
+            return False
+        return (v.dtype, v.device) == (w.dtype, w.device) and n in self.shapes and self.shapes.get(a) == self.shapes[n]
+
     def is_pure(self, n: fx.Node) -> bool:
         if n.op == "call_module":
             return False
@@ -648,6 +655,8 @@ class _Lowerer:
             return self.make_aten_slice(n)
         if key in _RESHAPE:
             return self.make_reshape(n)
+        if key is aten.copy.default and n.op == "call_function" and self.same_value_kind(n, n.args[1]):
+            return self.operand(n.args[1])  # a write-made-out-of-place copy (functional.py): its value is its source's
         if key in _DROPOUT:
             training = self.arg(n, 2, "training", True) if key is F.dropout else self.arg(n, 2, "train", True)
             p = self.arg(n, 1, "p", 0.5)

@@ -10,8 +10,10 @@ can only be seen through `h`: it becomes the out-of-place op, and every later us
 reads that op's result. Writes into graph inputs, parameters, views or values whose aliases
 are read later stay as they are, and so do writes whose out-of-place op would give another
 dtype (a tensor operand of another dtype) or into values that are not floating. `h.copy_(y)`
-stays too: as `y.clone()` the gradient would no longer reach what computed `h` (eagerly it
-gets zeros, and the output still requires grad), which training through the backend showed.
+becomes `aten.copy(h, y)`, not `y.clone()`: `h` stays its operand, so the gradient still
+reaches what computed `h` (eagerly it gets zeros, and the output still requires grad). Where
+`y` has `h`'s shape and dtype, from_fx lowers that copy to `y` itself; `h`'s producers then
+drop out, and the pipeline gives their parameters their zero gradients back (ops.keep_grads).
 """
 from __future__ import annotations
 
@@ -98,6 +100,8 @@ def _out_of_place(n: fx.Node, modules: dict):
     """How to write n out-of-place (node -> (op, target, args, kwargs)), or None."""
     if not is_mutation(n, modules) or "out" in n.kwargs:
         return None
+    if _is_copy(n):  # h.copy_(y) -> aten.copy(h, y): h stays an operand, so its producers keep their zero gradient
+        return lambda m: ("call_function", torch.ops.aten.copy.default, (m.args[0], _copy_source(m)), {})
     if n.op == "call_method" and n.target in _METHODS:
         return lambda m: ("call_method", _METHODS[m.target], m.args, m.kwargs)
     if n.op == "call_function" and n.target in _FUNCTIONS:
@@ -116,6 +120,17 @@ def _out_of_place(n: fx.Node, modules: dict):
             return "call_function", fn, (m.args[0], *extra), {}
         return module
     return None
+
+
+def _is_copy(n: fx.Node) -> bool:
+    """`h.copy_(y)` (a method call) or `aten.copy_(h, y)`, with its source given."""
+    if n.op == "call_method" and n.target == "copy_" or n.op == "call_function" and n.target is torch.ops.aten.copy_.default:
+        return len(n.args) + len(n.kwargs) >= 2 and set(n.kwargs) <= {"src", "non_blocking"}
+    return False
+
+
+def _copy_source(n: fx.Node):
+    return n.args[1] if len(n.args) > 1 else n.kwargs["src"]
 
 
 def _aten_out_of_place(target):
