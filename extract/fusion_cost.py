@@ -11,7 +11,12 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   kernel, up to a GEMM, unless a path between the two passes through an extern call; an
   elementwise op that several readers take pieces of is computed inside each (inlined);
 - a cat or stack of computed tensors is free: each producer writes into its slice (a view
-  of one, or an input, is copied: the cat is then a kernel of its own);
+  of one, or an input, is copied: the cat is then a kernel of its own); on CPU so is a 2-D
+  GEMM's result (linear, mm) in a stack or a cat on dim 0, not a bmm's nor one in a cat on
+  another dim (`_gemm_into_slice`);
+- a reshape, flatten or contiguous that the strides of a permuted operand allow no view of
+  is a copy, computed like an elementwise op (`_layout_copy`); on CPU an index_select or
+  gather is code too, not a call;
 - a dropout that draws (F.dropout's `training` defaults to True) computes like an elementwise
   op, and any random op adds one fallback call that draws the graph's seeds;
 - given shapes, a GEMM that Inductor's CPU decompositions compute as elementwise code (a
@@ -38,6 +43,7 @@ from optimus_egg.from_fx import draws_random, is_mutation
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
                          "scatter_add", "sort", "topk", "nonzero"}
 COPIES = {"cat", "concat", "stack"}
+INDEXING = {"index_select", "gather"}  # loads through an index: code of Inductor's own on CPU
 MAX_FUSION = 64  # Inductor's config.max_fusion_size: nodes per fused kernel
 _FREE_TARGETS = VIEW_TARGETS | {"getattr", "size", "dim", "sym_size"}
 
@@ -130,7 +136,8 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
     free_cat = set()
     for n in compute:
         name = _target_name(n, modules)
-        if name in COPIES and not leafy[n] and all(kind.get(a) in ("compute", "extern") for a in n.all_input_nodes):
+        if name in COPIES and not leafy[n] and all(kind.get(a) == "compute" or kind.get(a) == "extern" and (
+                not cpu or _gemm_into_slice(n, a, modules, shape_of)) for a in n.all_input_nodes):
             free_cat.add(n)  # producers write straight into the output buffer
     through_extern = _extern_paths(gm, kind)
     readers: dict[fx.Node, list[fx.Node]] = {}  # a view, input or extern result -> compute nodes reading it
@@ -286,6 +293,21 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
     return len(slots)
 
 
+def _gemm_into_slice(cat: fx.Node, a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None) -> bool:
+    """Does Inductor's C++ backend write the extern GEMM `a` straight into its slice of `cat`'s
+    buffer? Observed (torch 2.13): a 2-D GEMM's (linear, mm, addmm) result into a stack, or a
+    cat on dim 0; not into a cat on another dim, nor a bmm's result (the cat copies it, a
+    kernel: interformer's cat of two attention products before its mix projection)."""
+    name = _target_name(a, modules)
+    shape = shape_of(a) if shape_of is not None and name == "matmul" else None
+    if name not in ("linear", "mm", "addmm") and not (shape is not None and len(shape) == 2):
+        return False
+    if _target_name(cat, modules) == "stack":
+        return True
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    return dim == 0
+
+
 def _cat_producers(cat: fx.Node, kind: dict, free_cat: set) -> list[fx.Node]:
     """Compute nodes writing into a free cat's buffer (through views and nested free cats)."""
     out, todo, seen = [], list(cat.all_input_nodes), set()
@@ -311,12 +333,66 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
     if draws_random(n, modules):
         return "compute"
     if name in _FREE_TARGETS or name == "getitem" or name == "dropout":
-        return "view"
+        return "compute" if shape_of is not None and name in _MAY_COPY and _layout_copy(n, modules, shape_of) else "view"
+    if table == "cpu" and name in INDEXING:
+        return "compute"
     if (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name
             or (table == "cpu" and name in SCANS)) and not (
             shape_of is not None and _elementwise_gemm(n, name, modules, shape_of, table)):
         return "extern"
     return "compute"
+
+
+_MAY_COPY = {"reshape", "flatten", "contiguous", "reshape_as"}  # a view where the strides allow, else a copy
+_REORDERS = {"permute", "transpose", "t", "movedim", "swapaxes", "swapdims", "expand", "expand_as", "mT"}
+
+
+def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None]) -> bool:
+    """Does this reshape (flatten, contiguous) copy? It does where its operand's strides, from
+    a permute or transpose before it, allow no view: eagerly (so in the graph Inductor
+    compiles) it is a clone, which Inductor computes as elementwise code (interformer's
+    heads, `movedim` then `flatten`, before their output projection). The view ops from the
+    nearest computed value (taken as contiguous) are replayed on meta tensors."""
+    import torch
+
+    chain, a = [], n
+    while True:
+        src = a.args[0] if a.args and isinstance(a.args[0], fx.Node) else None
+        if src is None:
+            return False
+        chain.append(a)
+        if src.op not in ("call_function", "call_method", "call_module") or _target_name(src, modules) not in (
+                _FREE_TARGETS | {"getitem", "dropout"}):
+            break
+        a = src
+    if not any(_target_name(c, modules) in _REORDERS for c in chain[1:]):
+        return False
+    shape = shape_of(src)
+    if shape is None:
+        return False
+    values = {src: torch.empty(shape, device="meta")}
+
+    def value(x):
+        if x in values:
+            return values[x]
+        s = shape_of(x)
+        if s is None:
+            raise LookupError(x)
+        return torch.empty(s, device="meta")
+
+    try:
+        for c in reversed(chain):
+            args, kwargs = fx.map_arg((c.args, c.kwargs), value)
+            if c.op == "call_method":
+                values[c] = getattr(args[0], c.target)(*args[1:], **kwargs)
+            elif c.op == "call_module":
+                values[c] = modules[c.target](*args, **kwargs)
+            else:
+                values[c] = c.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 (an op meta tensors do not run, an unknown shape: take it as a view)
+        return False
+    inp, out = values[chain[1]] if len(chain) > 1 else values[src], values[n]
+    return isinstance(out, torch.Tensor) and out is not inp and not out._is_view()
 
 
 def _extern_paths(gm: fx.GraphModule, kind: dict[fx.Node, str]) -> Callable[[fx.Node, fx.Node], bool]:

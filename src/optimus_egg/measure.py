@@ -454,22 +454,24 @@ def peak_rss_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
-def values_match(a: Any, b: Any, rtol: float | None = None, atol: float | None = None) -> bool:
+def values_match(a: Any, b: Any, rtol: float | None = None, atol: float | None = None,
+                 equal_nan: bool = False) -> bool:
     """Whether two (nested) outputs are equal under ``torch.testing.assert_close``.
 
     Tuples and lists compare alike (compiled graphs may return a list where eager returns
-    a tuple); dicts compare by key. Give both tolerances or neither (dtype defaults).
+    a tuple); dicts compare by key. Give both tolerances or neither (dtype defaults);
+    ``equal_nan`` counts NaN equal to NaN.
     """
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(values_match(x, y, rtol, atol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(values_match(x, y, rtol, atol, equal_nan) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(values_match(a[k], b[k], rtol, atol) for k in a)
+        return a.keys() == b.keys() and all(values_match(a[k], b[k], rtol, atol, equal_nan) for k in a)
     if a is None or b is None:
         return a is b
     if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
         return False
     try:
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan)
     except (AssertionError, TypeError, ValueError):
         return False
     return True
