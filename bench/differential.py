@@ -42,7 +42,7 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
 
     from optimus_egg import optimize
     from optimus_egg.ablation import rewrite_greedily
-    from optimus_egg.baselines import as_backend_compiles, inductor_with_optimus
+    from optimus_egg.baselines import as_backend_compiles
     from optimus_egg.bench import fx_shapes
     from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.measure import compile_inductor
@@ -54,9 +54,6 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
     estimates: list[int] = []  # fused_launches - Inductor's launches, per compiled graph
     optimus: list[tuple[int, int | None]] = []  # (optimus_egg's launches, Optimus's or None where it raised or was wrong)
     wrongs: list[bool] = []  # per program: Optimus's graph computes other values than the program
-
-    def optimus_launches(gm, x) -> tuple[int | None, bool]:
-        return optimus_row(gm, x, train)
 
     def launches_of(g, x) -> int:
         return compile_inductor(g, [x], training=train).launches.total
@@ -83,7 +80,7 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
                 "  ablation fewer" if launches[2] < launches[1] else "")
         extra = ""
         if with_optimus:
-            n, wrong = optimus_launches(gm, x)
+            n, wrong = optimus_row(gm, x, train)
             optimus.append((launches[1], None if wrong else n))
             wrongs.append(wrong)
             extra = f" Optimus {n if n is not None else '-':>3}"

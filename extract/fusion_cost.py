@@ -344,7 +344,7 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
 
 
 _MAY_COPY = {"reshape", "flatten", "contiguous", "reshape_as"}  # a view where the strides allow, else a copy
-_REORDERS = {"permute", "transpose", "t", "movedim", "swapaxes", "swapdims", "expand", "expand_as", "mT"}
+_REORDERS = {"permute", "transpose", "t", "movedim", "swapaxes", "swapdims", "expand", "expand_as"}
 
 
 def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None]) -> bool:
