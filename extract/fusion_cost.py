@@ -12,8 +12,7 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   elementwise op that several readers take pieces of is computed inside each (inlined);
 - a cat or stack of computed tensors is free: each producer writes into its slice (a view
   of one, or an input, is copied: the cat is then a kernel of its own); on CPU so is a 2-D
-  GEMM's result (linear, mm) in a stack or a cat on dim 0, not a bmm's nor one in a cat on
-  another dim (`_gemm_into_slice`);
+  GEMM's result (linear, mm), not a bmm's (`_gemm_into_slice`);
 - a reshape, flatten or contiguous that the strides of a permuted operand allow no view of
   is a copy, computed like an elementwise op (`_layout_copy`); on CPU an index_select or
   gather is code too, not a call;
@@ -137,7 +136,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
     for n in compute:
         name = _target_name(n, modules)
         if name in COPIES and not leafy[n] and all(kind.get(a) == "compute" or kind.get(a) == "extern" and (
-                not cpu or _gemm_into_slice(n, a, modules, shape_of)) for a in n.all_input_nodes):
+                not cpu or _gemm_into_slice(a, modules, shape_of)) for a in n.all_input_nodes):
             free_cat.add(n)  # producers write straight into the output buffer
     through_extern = _extern_paths(gm, kind)
     readers: dict[fx.Node, list[fx.Node]] = {}  # a view, input or extern result -> compute nodes reading it
@@ -293,19 +292,16 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
     return len(slots)
 
 
-def _gemm_into_slice(cat: fx.Node, a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None) -> bool:
-    """Does Inductor's C++ backend write the extern GEMM `a` straight into its slice of `cat`'s
-    buffer? Observed (torch 2.13): a 2-D GEMM's (linear, mm, addmm) result into a stack, or a
-    cat on dim 0; not into a cat on another dim, nor a bmm's result (the cat copies it, a
-    kernel: interformer's cat of two attention products before its mix projection)."""
+def _gemm_into_slice(a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None) -> bool:
+    """Does Inductor's C++ backend write the extern GEMM `a` straight into its slice of a cat's
+    buffer? Observed (torch 2.13): a 2-D GEMM's (linear, mm, addmm) 2-D result, yes; a bmm's,
+    or a linear's of a 3-D input (a view of the GEMM's result), no: the cat copies it, a kernel
+    (interformer's cat of two attention products before its mix projection)."""
     name = _target_name(a, modules)
-    shape = shape_of(a) if shape_of is not None and name == "matmul" else None
-    if name not in ("linear", "mm", "addmm") and not (shape is not None and len(shape) == 2):
-        return False
-    if _target_name(cat, modules) == "stack":
-        return True
-    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
-    return dim == 0
+    shape = shape_of(a) if shape_of is not None else None
+    if shape is not None:  # a linear of a 3-D input is a view of a 2-D GEMM's result: copied
+        return name in ("linear", "mm", "addmm", "matmul") and len(shape) == 2
+    return name in ("linear", "mm", "addmm")
 
 
 def _cat_producers(cat: fx.Node, kind: dict, free_cat: set) -> list[fx.Node]:

@@ -460,8 +460,9 @@ def _rows_gathered(q, k, v, w):
 def test_fused_launches_sees_copies_of_layouts_and_cats(f, kernels):
     """Where the estimate once missed Inductor's count (interformer 70 / 65 / 40 for 74 / 69 / 43,
     dlrm right by two errors cancelling): a flatten of a transposed GEMM result is a copy
-    (was a view: 4 for 5); a cat copies bmm results (was free: 3 for 4) while a stack of mm
-    results is free; an index_select is code, not a call (dlrm's interaction: 4 for 3)."""
+    (was a view: 4 for 5); a cat copies bmm results (was free: 3 for 4) while 2-D mm results
+    are written into their slices; an index_select is code, not a call (dlrm's interaction:
+    4 for 3)."""
     from optimus_egg.bench import fx_shapes
     from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.measure import compile_inductor
