@@ -341,6 +341,7 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
 
 _MAY_COPY = {"reshape", "flatten", "contiguous", "reshape_as"}  # a view where the strides allow, else a copy
 _REORDERS = {"permute", "transpose", "t", "movedim", "swapaxes", "swapdims", "expand", "expand_as"}
+_CHAIN = _FREE_TARGETS | {"getitem", "dropout"}  # what a view chain passes through (an eval dropout returns its input)
 
 
 def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None]) -> bool:
@@ -357,8 +358,7 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
         if src is None:
             return False
         chain.append(a)
-        if src.op not in ("call_function", "call_method", "call_module") or _target_name(src, modules) not in (
-                _FREE_TARGETS | {"getitem", "dropout"}):
+        if src.op not in ("call_function", "call_method", "call_module") or _target_name(src, modules) not in _CHAIN:
             break
         a = src
     if not any(_target_name(c, modules) in _REORDERS for c in chain[1:]):
@@ -387,8 +387,8 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
                 values[c] = c.target(*args, **kwargs)
     except Exception:  # noqa: BLE001 (an op meta tensors do not run, an unknown shape: take it as a view)
         return False
-    inp, out = values[chain[1]] if len(chain) > 1 else values[src], values[n]
-    return isinstance(out, torch.Tensor) and out is not inp and not out._is_view()
+    out = values[n]  # (chain[1], n's operand, exists: it holds the reorder)
+    return isinstance(out, torch.Tensor) and out is not values[chain[1]] and not out._is_view()
 
 
 def _extern_paths(gm: fx.GraphModule, kind: dict[fx.Node, str]) -> Callable[[fx.Node, fx.Node], bool]:
