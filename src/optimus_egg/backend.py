@@ -7,38 +7,36 @@ from collections.abc import Callable
 import torch
 
 
-def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callable:
+def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = True, **options) -> Callable:
     """A torch.compile backend with options, e.g. torch.compile(m, backend=backend(budget_s=0.5)).
 
     optimus_egg rewrites the graph Dynamo captures, the forward; with `post_grad` (default)
     Inductor then also runs PyTorch's post-grad Optimus passes in `baselines.EGG_POST_GRAD`
     (batching of ATen mm and mul ops, split-cat cleanups) on what it compiles, which in
-    training includes the backward graph that optimus_egg never sees. Either way Inductor
-    compiles the backward without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13
-    bug). Other options go to `optimize`.
+    training includes the backward graph that optimus_egg never sees. With `kernel_order`
+    (default) Inductor's scheduler packs a CPU graph's code into fewest C++ kernels
+    (`kernel_order.py`; forward and backward). Either way Inductor compiles the backward
+    without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug). Other options
+    go to `optimize`.
 
     If Inductor fails on the optimized graph, the backend warns and compiles the graph Dynamo
-    gave it instead, and if that fails with the post-grad passes, that graph without them, as
+    gave it instead, and if that fails with these Inductor options, that graph without them, as
     plain torch.compile would (with `strict=True` it raises). The backward is compiled lazily,
     on the first backward call, when the forward can no longer be swapped: if Inductor fails
-    on it with the post-grad passes, the backend warns and compiles it again without them (a
-    copy of the graph as it was: a pass that raised may have left it half rewritten).
+    on it with the options, the backend warns and compiles it again without them (a copy of
+    the graph as it was: a pass that raised may have left it half rewritten).
     """
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
 
-        from optimus_egg.baselines import (
-            EGG_BACKWARD,
-            EGG_POST_GRAD,
-            backward_patched,
-            post_grad_patches,
-        )
+        from optimus_egg.baselines import EGG_BACKWARD, backend_patches, backward_patched
         from optimus_egg.pipeline import optimize
 
         compile_inner = backward_patched(EGG_BACKWARD)
+        extras = post_grad or kernel_order  # Inductor options beyond plain torch.compile's
 
         def inner(g: torch.fx.GraphModule, inputs, **kw):
-            if not (kw.get("is_backward") and post_grad) or options.get("strict"):
+            if not (kw.get("is_backward") and extras) or options.get("strict"):
                 return compile_inner(g, inputs, **kw)
             from torch._inductor import config
 
@@ -50,15 +48,15 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
             except Exception as e:
                 if _dynamo_signal(e):
                     raise
-                warnings.warn(f"optimus_egg: Inductor failed on the backward with the post-grad passes "
+                warnings.warn(f"optimus_egg: Inductor failed on the backward with optimus_egg's Inductor options "
                               f"({type(e).__name__}: {e}); compiling it without them", RuntimeWarning, stacklevel=2)
-            with config.patch(post_grad_fusion_options={}):
+            with config.patch(post_grad_fusion_options={}, _post_fusion_custom_pass=None, reorder_for_peak_memory=True):
                 return compile_inner(original, inputs, **kw)
 
-        def inductor(g: torch.fx.GraphModule, passes: bool = post_grad):
+        def inductor(g: torch.fx.GraphModule, with_extras: bool = extras):
             # compile_fx re-applies its config_patches when it compiles the backward later
-            return compile_fx(g, example_inputs, inner_compile=inner if passes else compile_inner,
-                              config_patches=post_grad_patches(EGG_POST_GRAD) if passes else None)
+            return compile_fx(g, example_inputs, inner_compile=inner if with_extras else compile_inner,
+                              config_patches=backend_patches(post_grad, kernel_order) if with_extras else None)
 
         out = optimize(gm, list(example_inputs), budget_s, **options)
         try:
@@ -76,11 +74,11 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, **options) -> Callabl
                 if _dynamo_signal(e):
                     raise
                 failure = e
-        if not post_grad:
+        if not extras:
             raise failure
-        warnings.warn(f"optimus_egg: Inductor failed with the post-grad passes ({type(failure).__name__}: "
+        warnings.warn(f"optimus_egg: Inductor failed with optimus_egg's Inductor options ({type(failure).__name__}: "
                       f"{failure}); compiling the unmodified graph without them", RuntimeWarning, stacklevel=2)
-        return inductor(gm, passes=False)
+        return inductor(gm, with_extras=False)
 
     compile_fn.__name__ = "optimus_egg"
     return compile_fn

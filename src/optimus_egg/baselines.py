@@ -59,6 +59,8 @@ __all__ = [
     "optimus_counters",
     "inductor_with_optimus",
     "post_grad_patches",
+    "backend_patches",
+    "as_backend_compiles",
 ]
 
 # Optimus groups at least 5 same-key nodes by default (min_fuse_set_size). A fair
@@ -432,13 +434,22 @@ def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None =
     return compile_inner
 
 
-def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True) -> fx.GraphModule:
+def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order: bool = True) -> fx.GraphModule:
     """Mark `gm` (optimize()'s result) so that measure.compile_inductor compiles it as the
-    backend does: the post-grad passes EGG_POST_GRAD (with `post_grad`), EGG_BACKWARD for the
-    backward graph."""
-    gm.meta["inductor_config_patches"] = post_grad_patches(EGG_POST_GRAD) if post_grad else {}
+    backend does: `backend_patches(post_grad, kernel_order)`, EGG_BACKWARD for the backward
+    graph."""
+    gm.meta["inductor_config_patches"] = backend_patches(post_grad, kernel_order)
     gm.meta["inductor_backward_config_patches"] = EGG_BACKWARD
     return gm
+
+
+def backend_patches(post_grad: bool = True, kernel_order: bool = True) -> dict[str, Any]:
+    """The Inductor config the optimus_egg backend compiles with: the post-grad passes
+    EGG_POST_GRAD (with `post_grad`) and the CPU kernel order (`kernel_order.KERNEL_ORDER`,
+    with `kernel_order`); they apply to the backward graph too."""
+    from optimus_egg.kernel_order import KERNEL_ORDER
+
+    return {**(post_grad_patches(EGG_POST_GRAD) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {})}
 
 
 def post_grad_patches(passes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -1,0 +1,115 @@
+"""Kernel order: an Inductor scheduler pass that packs a CPU graph's code into fewest C++ kernels.
+
+Inductor's C++ backend writes every node it schedules between two calls (an extern GEMM, an
+ATen fallback such as the seed draw of a dropout) into one C++ kernel, so a CPU graph's C++
+kernel count is the number of runs of code in the schedule, not the number of fused nodes.
+Inductor orders the fused nodes for peak memory, which may put a node that waits on nothing
+(a weight cat, a tanh of an input) between two calls where no other code runs: a kernel of its
+own.
+
+`fewest_cpu_kernels` runs after fusion (`config._post_fusion_custom_pass`). It takes Inductor's
+peak-memory order, then regroups: it alternates "every code node that is ready" and "every
+call that is ready", which gives the fewest runs of code a topological order can have (what is
+done after k phases is the most any order can have done), trying both first phases. Each node
+then moves to the last phase of its kind that its readers allow, so values are computed as
+late as they were needed (memory), and nodes keep their peak-memory order within a phase. The
+fused nodes, and so the values and the GEMMs, stay as Inductor made them.
+
+`KERNEL_ORDER` is the config that turns it on: the pass, and Inductor's own peak-memory pass
+off (it runs after fusion passes and would undo the regrouping; this pass runs it first).
+Graphs on other devices (Triton: one launch per fused node whatever the order) keep the
+peak-memory order unchanged. If the regrouping fails, the pass warns and keeps that order.
+"""
+from __future__ import annotations
+
+import heapq
+import warnings
+from typing import Any
+
+CODE, CALL, FREE = "code", "call", "free"
+
+
+def fewest_cpu_kernels(nodes: list[Any]) -> list[Any]:
+    """Inductor's peak-memory order of the scheduler nodes `nodes`, regrouped on CPU graphs so
+    that code runs between calls are fewest (module docstring)."""
+    nodes = _peak_memory_order(nodes)
+    devices = {d.type for n in nodes if (d := n.get_device()) is not None}
+    if devices != {"cpu"}:
+        return nodes
+    try:
+        made = {name: i for i, n in enumerate(nodes) for name in n.get_buffer_names()}
+        deps = [{made[d.name] for d in n.unmet_dependencies if made.get(d.name, i) != i} for i, n in enumerate(nodes)]
+        return [nodes[i] for i in regroup([_kind(n) for n in nodes], deps)]
+    except Exception as e:  # an Inductor internal that moved: keep Inductor's order
+        warnings.warn(f"optimus_egg: kernel order skipped ({type(e).__name__}: {e}); "
+                      f"Inductor's order kept", RuntimeWarning, stacklevel=2)
+        return nodes
+
+
+KERNEL_ORDER: dict[str, Any] = {"_post_fusion_custom_pass": fewest_cpu_kernels, "reorder_for_peak_memory": False}
+
+
+def regroup(kinds: list[str], deps: list[set[int]]) -> list[int]:
+    """A new order of items 0..n-1 (given in a topological order) of `kinds` (CODE, CALL,
+    FREE: no code, may go anywhere) where item i waits on the items `deps[i]`: fewest runs of
+    CODE items between CALL items, each item as late as its readers allow."""
+    users: list[list[int]] = [[] for _ in kinds]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(i)
+    runs, first, taken = min((_phases(kinds, deps, users, first) for first in (CODE, CALL)), key=lambda r: r[0])
+    last = max((p for _, p in taken), default=0)
+    kind_of = [first if p % 2 == 0 else (CALL if first == CODE else CODE) for p in range(last + 1)]
+    latest: dict[int, int] = {}
+    for i, _ in reversed(taken):  # a reverse topological order
+        p = min((latest[u] for u in users[i]), default=last)
+        while kinds[i] != FREE and kind_of[p] != kinds[i]:
+            p -= 1
+        latest[i] = p
+    return sorted(range(len(kinds)), key=lambda i: (latest[i], i))
+
+
+def _phases(kinds: list[str], deps: list[set[int]], users: list[list[int]], first: str):
+    """Phases of alternating kinds from `first`, each taking every ready item of its kind and
+    every ready FREE item. Returns (code runs, first, [(item, phase)] in the order taken)."""
+    waiting = [len(d) for d in deps]
+    ready: dict[str, list[int]] = {CODE: [], CALL: [], FREE: []}
+    for i, w in enumerate(waiting):
+        if not w:
+            ready[kinds[i]].append(i)
+    taken: list[tuple[int, int]] = []
+    runs, phase, kind = 0, 0, first
+    while len(taken) < len(kinds):
+        ran_code = False
+        while ready[kind] or ready[FREE]:
+            i = heapq.heappop(ready[kind] or ready[FREE])
+            taken.append((i, phase))
+            ran_code |= kinds[i] == CODE
+            for u in users[i]:
+                waiting[u] -= 1
+                if not waiting[u]:
+                    heapq.heappush(ready[kinds[u]], u)
+        runs += ran_code
+        phase, kind = phase + 1, CALL if kind == CODE else CODE
+    return runs, first, taken
+
+
+def _kind(node: Any) -> str:
+    from torch._inductor.scheduler import NopKernelSchedulerNode
+
+    if node.is_extern() or node.is_template():
+        return CALL  # Inductor's codegen ends the C++ kernel before these
+    return FREE if isinstance(node, NopKernelSchedulerNode) else CODE
+
+
+def _peak_memory_order(nodes: list[Any]) -> list[Any]:
+    """What Inductor's scheduler does after fusion when `reorder_for_peak_memory` is on."""
+    from torch._inductor.memory import reorder_for_peak_memory
+    from torch._inductor.virtualized import V
+    from torch.utils._ordered_set import OrderedSet
+
+    if not nodes:
+        return nodes
+    scheduler = nodes[0].scheduler
+    return reorder_for_peak_memory(nodes, scheduler.name_to_buf, scheduler.name_to_fused_node,
+                                   OrderedSet(V.graph.graph_inputs.keys()), OrderedSet(V.graph.get_output_names()))

@@ -1,0 +1,132 @@
+"""kernel_order: the CPU scheduler pass that packs code into fewest C++ kernels."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from optimus_egg import measure
+from optimus_egg.kernel_order import CALL, CODE, FREE, KERNEL_ORDER, regroup
+
+
+def code_runs(order: list[int], kinds: list[str]) -> int:
+    """C++ kernels of an order: runs of CODE items between CALL items (FREE items are no code)."""
+    runs, in_code = 0, False
+    for i in order:
+        if kinds[i] == CODE and not in_code:
+            runs, in_code = runs + 1, True
+        elif kinds[i] == CALL:
+            in_code = False
+    return runs
+
+
+def is_topological(order: list[int], deps: list[set[int]]) -> bool:
+    at = {i: k for k, i in enumerate(order)}
+    return sorted(order) == list(range(len(deps))) and all(at[d] < at[i] for i, ds in enumerate(deps) for d in ds)
+
+
+@st.composite
+def dags(draw, most: int = 8):
+    n = draw(st.integers(1, most))
+    kinds = draw(st.lists(st.sampled_from([CODE, CODE, CALL, FREE]), min_size=n, max_size=n))
+    deps = [set(draw(st.lists(st.integers(0, i - 1), max_size=3))) if i else set() for i in range(n)]
+    return kinds, deps
+
+
+@settings(max_examples=300, deadline=None)
+@given(dags())
+def test_regroup_gives_the_fewest_code_runs_of_any_topological_order(dag):
+    kinds, deps = dag
+    order = regroup(kinds, deps)
+    assert is_topological(order, deps)
+    fewest = min(code_runs(list(p), kinds) for p in itertools.permutations(range(len(kinds)))
+                 if is_topological(list(p), deps))
+    assert code_runs(order, kinds) == fewest
+    assert code_runs(order, kinds) <= code_runs(list(range(len(kinds))), kinds)
+
+
+def test_regroup_moves_code_that_waits_on_nothing_next_to_other_code_as_late_as_it_can():
+    # 1 call -> 2 code -> 3 call -> 4 code; 0 is code reading nothing, read by 4. In the given
+    # order 0 runs alone before the first call: three kernels. Regrouped it joins 4 (not 2).
+    kinds = [CODE, CALL, CODE, CALL, CODE]
+    deps = [set(), set(), {1}, {2}, {3, 0}]
+    assert code_runs(list(range(5)), kinds) == 3
+    order = regroup(kinds, deps)
+    assert order == [1, 2, 3, 0, 4]
+    assert code_runs(order, kinds) == 2
+
+
+def _weight_cat_between_gemms(x, w0, w1, w2, w3, v):
+    h = torch.tanh(x @ w0)
+    y = h @ torch.cat([w1, w2], 1)          # the weight cat waits on nothing
+    z = torch.tanh(y @ w3)
+    return z @ v.t(), torch.tanh(x[:, :4])  # so does this tanh of an input piece
+
+
+def test_kernel_order_compiles_fewer_cpu_kernels_with_the_same_values():
+    g = torch.Generator().manual_seed(0)
+    x, w0, w1, w2 = (torch.randn(s, generator=g) for s in ((8, 16), (16, 16), (16, 8), (16, 8)))
+    w3, v = torch.randn(16, 16, generator=g), torch.randn(4, 16, generator=g)
+    inputs = [x, w0, w1, w2, w3, v]
+    gm = torch.fx.symbolic_trace(_weight_cat_between_gemms)
+    before = measure.compile_inductor(gm, inputs)
+    after = measure.compile_inductor(gm, inputs, config_patches=KERNEL_ORDER)
+    assert after.launches.extern == before.launches.extern == 4
+    assert after.launches.cpp < before.launches.cpp, (before.launches, after.launches)
+    expected = _weight_cat_between_gemms(*inputs)
+    assert measure.values_match(after(*inputs), expected)
+    assert measure.values_match(before(*inputs), expected)
+
+
+def test_kernel_order_keeps_values_and_gradients_in_training():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8), torch.nn.ReLU())
+    x = torch.randn(8, 16)
+    gm = torch.fx.symbolic_trace(model)
+    compiled = measure.compile_inductor(gm, [x], training=True, config_patches=KERNEL_ORDER,
+                                        backward_config_patches=KERNEL_ORDER)
+    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    model(x).sum().backward()
+    assert measure.values_match(compiled(x), model(x))
+    for k, p in model.named_parameters():
+        assert torch.allclose(grads[k], p.grad, rtol=1e-5, atol=1e-6), k
+
+
+@pytest.mark.parametrize("bad", ["cuda", "meta"])
+def test_kernel_order_leaves_graphs_on_other_devices_in_inductors_order(bad, monkeypatch):
+    from optimus_egg import kernel_order
+
+    class Node:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+        def get_device(self):
+            return self.device
+
+    nodes = [Node("cpu"), Node(bad)]
+    monkeypatch.setattr(kernel_order, "_peak_memory_order", lambda ns: list(reversed(ns)))
+    monkeypatch.setattr(kernel_order, "regroup", lambda *a: pytest.fail("regrouped a non-CPU graph"))
+    assert kernel_order.fewest_cpu_kernels(nodes) == [nodes[1], nodes[0]]
+
+
+def test_the_backend_compiles_with_the_kernel_order_on_cpu():
+    import optimus_egg
+    from torch._inductor.utils import run_and_get_code
+
+    g = torch.Generator().manual_seed(0)
+    x, w0, w1, w2 = (torch.randn(s, generator=g) for s in ((8, 16), (16, 16), (16, 8), (16, 8)))
+    w3, v = torch.randn(16, 16, generator=g), torch.randn(4, 16, generator=g)
+    inputs = [x, w0, w1, w2, w3, v]
+    expected = _weight_cat_between_gemms(*inputs)
+    cpp = {}
+    for on in (True, False):
+        torch._dynamo.reset()
+        fn = torch.compile(_weight_cat_between_gemms, backend=optimus_egg.backend(budget_s=1.0, kernel_order=on))
+        got, codes = run_and_get_code(fn, *inputs)
+        assert measure.values_match(got, expected)
+        cpp[on] = sum(measure.count_launches(c).cpp for c in codes)
+    assert cpp[True] < cpp[False], cpp
