@@ -22,22 +22,23 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   one-row linear with K, N <= 16, a dot product, a small outer product, a batched
   matrix-vector product: launch_cost.py) computes like an elementwise op.
 
-On CPU the kernels are then counted as Inductor's C++ backend writes them: everything it
-schedules between two calls goes into one kernel (`_cpu_kernels`), fused or not, so what
-counts is where each fused group runs relative to the calls, in the order Inductor
-compiles the graph (`_locality_order`). For other targets (`table="cuda"`) each fused group
-is a kernel; copies of inputs and parameters that feed only GEMMs are one.
+On CPU the kernels are then counted as Inductor's C++ backend writes them with the backend's
+kernel order (src/optimus_egg/kernel_order.py): everything scheduled between two calls goes
+into one kernel, fused or not, and the order gives the fewest such runs of code, so the
+kernels are the fewest runs of code between calls over the graph's computed nodes
+(`_cpu_kernels`). For other targets (`table="cuda"`) each fused group is a kernel; copies of
+inputs and parameters that feed only GEMMs are one.
 """
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Callable
 
 import torch.fx as fx
-from optimus_egg.extract.launch_cost import (GEMM_TARGETS, REDUCTION_TARGETS, VIEW_TARGETS, elementwise_batched_linear,
+from optimus_egg.extract.launch_cost import (GEMM_TARGETS, VIEW_TARGETS, elementwise_batched_linear,
                                              elementwise_linear, elementwise_matmul)
 from optimus_egg.from_fx import draws_random, is_mutation
+from optimus_egg.kernel_order import CALL, CODE, FREE, fewest_runs
 
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
                          "scatter_add", "sort", "topk", "nonzero"}
@@ -58,7 +59,6 @@ def _target_name(n: fx.Node, modules: dict) -> str:
 
 
 _MODULE_EXTERN = {"linear", "embeddingbag", "embedding", "conv1d", "conv2d"}
-REDUCTIONS = REDUCTION_TARGETS | {"layernorm", "softmax", "logsoftmax"}  # realized where computed
 # Scans: Inductor generates them only where the backend has the SCAN feature (Triton); its C++
 # backend calls ATen's (torch/_inductor/ir.py Scan.create returns None, lowering.py falls back).
 SCANS = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
@@ -104,30 +104,17 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         if ra is not rb:
             parent[ra] = rb
 
-    def reader_count(a: fx.Node) -> int:
-        """Nodes reading a, looking through views."""
-        out, todo = set(), list(a.users)
-        while todo:
-            u = todo.pop()
-            if kind.get(u) == "view":
-                todo.extend(u.users)
-            else:
-                out.add(u)
-        return len(out)
-
     def sources(n: fx.Node) -> list[fx.Node]:
         """Compute nodes feeding n, looking through views."""
-        out, todo, seen = [], [(a, False) for a in n.all_input_nodes], set()
+        out, todo, seen = [], list(n.all_input_nodes), set()
         while todo:
-            a, viewed = todo.pop()
+            a = todo.pop()
             if a in seen or a not in kind:
                 continue
             seen.add(a)
-            if kind[a] == "view" or (a in free_cat and not cpu):
-                todo.extend((b, True) for b in a.all_input_nodes)
+            if kind[a] == "view" or a in free_cat:
+                todo.extend(a.all_input_nodes)
             elif kind[a] == "compute":
-                if cpu and viewed and reader_count(a) > 1 and _target_name(a, modules) not in REDUCTIONS | COPIES:
-                    continue  # inlined into each reader of a piece: no shared kernel
                 out.append(a)
         return out
 
@@ -138,13 +125,16 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         if name in COPIES and not leafy[n] and all(kind.get(a) == "compute" or kind.get(a) == "extern" and (
                 not cpu or _gemm_into_slice(a, modules, shape_of)) for a in n.all_input_nodes):
             free_cat.add(n)  # producers write straight into the output buffer
+    externs = sum(1 for k in kind.values() if k == "extern")
+    if cpu:
+        return externs + _cpu_kernels(gm, modules, live, kind, free_cat) + random
     through_extern = _extern_paths(gm, kind)
     readers: dict[fx.Node, list[fx.Node]] = {}  # a view, input or extern result -> compute nodes reading it
     for n in compute:
         if n in free_cat:
             continue
         for a in sources(n):
-            if a not in free_cat and (cpu or not leafy[a] or not leafy[n]) and not through_extern(a, n):
+            if a not in free_cat and (not leafy[a] or not leafy[n]) and not through_extern(a, n):
                 union(a, n)
         for a in n.all_input_nodes:
             if kind.get(a) in ("view", "leaf", "extern"):
@@ -164,9 +154,6 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
             lonely_copies += 1
         else:
             sizes[root] = sizes.get(root, 0) + 1
-    externs = sum(1 for k in kind.values() if k == "extern")
-    if cpu:
-        return externs + _cpu_kernels(gm, modules, live, kind, compute, free_cat, find) + random
     kernels = sum(math.ceil(s / MAX_FUSION) for s in sizes.values())
     return externs + kernels + math.ceil(lonely_copies / MAX_FUSION) + random
 
@@ -180,116 +167,29 @@ def _live(gm: fx.GraphModule, modules: dict) -> set[fx.Node]:
     return live
 
 
-class _Seeds:
-    """Where Inductor draws a graph's random seeds (one ATen call): before its first random
-    op, which its locality pass leaves in place."""
+def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: dict, free_cat: set) -> int:
+    """C++ kernels as the optimus_egg backend compiles a graph: Inductor's C++ backend writes
+    everything it schedules between two calls (an extern kernel, an ATen fallback) into one
+    kernel, fused or not, and the backend's kernel order (kernel_order.py) schedules the code
+    in the fewest such runs. So the kernels are the fewest runs of code between calls that an
+    order of the graph's computed nodes allows. A free cat is no code (its producers write
+    into it); a random op waits on the seed draw, a call."""
+    items = [n for n in gm.graph.nodes if n in live and kind.get(n) in ("compute", "extern")]
+    index = {n: i for i, n in enumerate(items, 1)}  # item 0: the seed draw
+    under: dict[fx.Node, set[int]] = {}
 
+    def feeds(a: fx.Node) -> set[int]:
+        """The items a value stands for: itself, or what a view of it reads."""
+        if a in index:
+            return {index[a]}
+        if a not in under:
+            under[a] = set().union(*map(feeds, a.all_input_nodes)) if kind.get(a) == "view" else set()
+        return under[a]
 
-def _locality_order(gm: fx.GraphModule, modules: dict, live: set[fx.Node]) -> list:
-    """The order Inductor compiles an inference graph in: its post-grad pass
-    reorder_for_locality walks the graph backwards and moves each node's producers, once all
-    their users are behind, to just before it. A random op's draw stays (a _Seeds marker);
-    its elementwise part moves like any other node. getitems stay; dead code does not count."""
-    nodes: list = []
-    for n in gm.graph.nodes:
-        if draws_random(n, modules):
-            nodes.append(_Seeds())
-        nodes.append(n)
-    prev = dict(zip(nodes, [None] + nodes[:-1]))
-    nxt = dict(zip(nodes, nodes[1:] + [None]))
-    first = nodes[0] if nodes else None
-
-    def unlink(n):
-        nonlocal first
-        p, q = prev[n], nxt[n]
-        if p is None:
-            first = q
-        else:
-            nxt[p] = q
-        if q is not None:
-            prev[q] = p
-
-    def insert_before(n, at):
-        nonlocal first
-        p = prev[at]
-        prev[n], nxt[n], prev[at] = p, at, n
-        if p is None:
-            first = n
-        else:
-            nxt[p] = n
-
-    seen: set = set()
-    node = nodes[-1] if nodes else None
-    while node is not None:
-        seen.add(node)
-        if isinstance(node, fx.Node) and node in live:
-            args: list[fx.Node] = []
-            fx.map_arg((node.args, node.kwargs), args.append)
-            for a in args:
-                if (a.op in ("call_function", "call_method", "call_module") and a.target is not operator.getitem
-                        and a is not node and all(u in seen or u not in live for u in a.users)):
-                    unlink(a)
-                    insert_before(a, node)
-        node = prev[node]
-    out = []
-    while first is not None:
-        out.append(first)
-        first = nxt[first]
-    return out
-
-
-def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: dict, compute: list, free_cat: set,
-                 find) -> int:
-    """C++ kernels: Inductor's C++ backend writes every node it schedules between two calls
-    (an extern kernel, an ATen fallback) into one kernel, so the kernels are the slots between
-    calls that run code, in the order of _locality_order. A fused group (`find`) runs in the
-    earliest slot one of its nodes is realized in, and the part of it that waits on a call
-    runs after that call. A node is realized: elementwise, lazily, where its first reader that
-    needs it in memory (a call) runs; a reduction, a cat or an output where the graph
-    computes it; a cat's producers with the cat."""
-    nodes = _locality_order(gm, modules, live)
-    seeds = next((n for n in nodes if isinstance(n, _Seeds)), None)
-    calls = [n for n in nodes if n is seeds or kind.get(n) == "extern"]
-    index = {n: i for i, n in enumerate(calls)}
-    end = len(calls)
-    before: dict = {}  # calls ahead of a node
-    count = 0
-    for n in nodes:
-        before[n] = count
-        count += n in index
-    need: dict[fx.Node, int] = {}  # the slot a node's first reader needs it by
-    for n in reversed(nodes):
-        if n in kind and kind[n] not in ("leaf", "extern"):
-            slots = [end if u.op == "output" else index[u] if u in index else need.get(u) for u in n.users]
-            slots = [s for s in slots if s is not None]
-            if slots:
-                need[n] = min(slots)
-    slot = {n: need[n] for n in compute if n in need}
-    for n in compute:
-        if n in free_cat:
-            for a in _cat_producers(n, kind, free_cat):
-                if a in slot:
-                    slot[a] = min(slot[a], before[n])
-        elif n in slot and (_target_name(n, modules) in REDUCTIONS | COPIES or (
-                any(u.op == "output" for u in n.users) and not any(is_mutation(u, modules) for u in n.users))):
-            slot[n] = min(slot[n], before[n])
-    ready: dict = {}  # the first slot after every call a node waits on
-    for n in nodes:
-        if isinstance(n, fx.Node) and n in kind:
-            ready[n] = max([before[a] + 1 if a in index else ready.get(a, 0) for a in n.all_input_nodes]
-                           + [before[seeds] + 1 if seeds is not None and draws_random(n, modules) else 0])
-    group_slot: dict[fx.Node, int] = {}
-    group_ready: dict[fx.Node, int] = {}
-    for n in compute:
-        if n in slot and n not in free_cat:
-            root = find(n)
-            group_slot[root] = min(group_slot.get(root, end), slot[n])
-            group_ready[root] = max(group_ready.get(root, 0), ready[n])
-    slots = set()
-    for r, s in group_slot.items():
-        slots.add(s)
-        slots.add(max(s, group_ready[r]))  # its part that waits on a call
-    return len(slots)
+    kinds = [CALL] + [CALL if kind[n] == "extern" else FREE if n in free_cat else CODE for n in items]
+    deps = [set()] + [set().union(*map(feeds, n.all_input_nodes), {0} if draws_random(n, modules) else ())
+                      for n in items]
+    return fewest_runs(kinds, deps)
 
 
 def _gemm_into_slice(a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None) -> bool:
@@ -302,21 +202,6 @@ def _gemm_into_slice(a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Sh
     if shape is not None:  # a linear of a 3-D input is a view of a 2-D GEMM's result: copied
         return name in ("linear", "mm", "addmm", "matmul") and len(shape) == 2
     return name in ("linear", "mm", "addmm")
-
-
-def _cat_producers(cat: fx.Node, kind: dict, free_cat: set) -> list[fx.Node]:
-    """Compute nodes writing into a free cat's buffer (through views and nested free cats)."""
-    out, todo, seen = [], list(cat.all_input_nodes), set()
-    while todo:
-        a = todo.pop()
-        if a in seen or a not in kind:
-            continue
-        seen.add(a)
-        if kind[a] == "view" or a in free_cat:
-            todo.extend(a.all_input_nodes)
-        elif kind[a] == "compute":
-            out.append(a)
-    return out
 
 
 def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None = None,

@@ -12,11 +12,15 @@ from optimus_egg.extract.greedy import greedy, term_children
 from optimus_egg.extract.ilp import ilp
 from optimus_egg.extract.launch_cost import launch_cost
 from optimus_egg.from_fx import from_fx
+from optimus_egg.kernel_order import KERNEL_ORDER
 from optimus_egg.models import build
 from optimus_egg.pipeline import node_cost
 from optimus_egg.rules import RULESETS
 from optimus_egg.saturate import Limits, saturate
 from optimus_egg.sorts import Outputs, Tensor, stack, unbind
+
+# The estimate predicts launches as the optimus_egg backend compiles (its CPU kernel order).
+AS_BACKEND = {"compile_threads": 1, **KERNEL_ORDER}
 
 
 def assert_acyclic(g, choice):
@@ -307,7 +311,7 @@ def test_fused_launches_predicts_inductor(name):
     out = optimus_egg.optimize(gm, list(inputs), budget_s=1)
     assert out.meta["optimus_egg"].changed
     for g in (gm, out):
-        measured = compile_inductor(g, list(inputs), config_patches={"compile_threads": 1}).launches.total
+        measured = compile_inductor(g, list(inputs), config_patches=AS_BACKEND).launches.total
         assert fused_launches(g) == measured, (g is out, fused_launches(g), measured)
 
 
@@ -336,7 +340,7 @@ def test_fused_launches_counts_drawing_dropouts():
     gm = fx.symbolic_trace(_Dropouts())
     inputs = [torch.randn(4, 8), torch.randn(8, 8)]
     with torch.no_grad():
-        measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
     assert measured.fallback == 1 and fused_launches(gm) == measured.total
     quiet = fx.symbolic_trace(lambda x: F.dropout(x, 0.5, training=False) + 1)
     assert fused_launches(quiet) == 1  # one C++ kernel: the add
@@ -360,7 +364,7 @@ def test_fused_launches_copies_a_slice_of_an_input_into_a_cat():
 
     gm = fx.symbolic_trace(_CatOfSlices())
     with torch.no_grad():
-        measured = compile_inductor(gm, [torch.randn(4, 6)], config_patches={"compile_threads": 1}).launches
+        measured = compile_inductor(gm, [torch.randn(4, 6)], config_patches=AS_BACKEND).launches
     assert fused_launches(gm) == measured.total == 2
 
 
@@ -381,7 +385,7 @@ def test_fused_launches_fuses_a_cats_producers_with_its_consumer():
     gm = fx.symbolic_trace(_rows_into_a_cat)
     inputs = [torch.randn(8, 4), torch.randn(3, 4, 4), torch.randn(4, 4)] + [torch.randn(4) for _ in range(3)]
     with torch.no_grad():
-        measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
         torch.testing.assert_close(gm(*inputs), _rows_into_a_cat(*inputs))
     assert measured.extern == 2 and fused_launches(gm) == measured.total == 4
 
@@ -401,7 +405,7 @@ def test_fused_launches_fuses_siblings_reading_one_value():
     gm = fx.symbolic_trace(_three_reads_of_one_gemm)
     inputs = [torch.randn(8, 8) for _ in range(5)]
     with torch.no_grad():
-        measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
     assert measured.extern == 4 and fused_launches(gm) == measured.total == 5
 
 
@@ -418,18 +422,21 @@ def _silus_stacked(x, w0, w1, w2):
 
 def test_fused_launches_counts_the_cpp_code_between_two_calls_as_one_kernel():
     """Inductor's C++ backend writes all it schedules between two calls into one kernel. Three
-    silus of an input's pieces, each before a GEMM of its own, share no buffer and each runs
-    just before its GEMM: 3 kernels + 3 mm (the estimate once lumped them: 4). Stacked for one
-    bmm, the silus and the weights' copy share no buffer either, but run between the same
-    calls: 1 kernel + the bmm."""
+    silus of an input's pieces, each before a GEMM of its own, share no buffer: Inductor's own
+    order runs each just before its GEMM (3 kernels + 3 mm); the backend's kernel order runs
+    them together before the first GEMM (1 kernel). Stacked for one bmm, the silus and the
+    weights' copy run between the same calls: 1 kernel + the bmm."""
     from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.measure import compile_inductor
 
     inputs = [torch.randn(8, 12)] + [torch.randn(4, 4) for _ in range(3)]
-    for f, kernels in ((_silus_then_gemms, 3), (_silus_stacked, 1)):
+    with torch.no_grad():
+        own_order = compile_inductor(fx.symbolic_trace(_silus_then_gemms), inputs, config_patches={"compile_threads": 1})
+    assert own_order.launches.cpp == 3
+    for f, kernels in ((_silus_then_gemms, 1), (_silus_stacked, 1)):
         gm = fx.symbolic_trace(f)
         with torch.no_grad():
-            measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+            measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
             torch.testing.assert_close(gm(*inputs), f(*inputs))
         assert measured.cpp == kernels and fused_launches(gm) == measured.total, (f.__name__, measured)
 
@@ -470,7 +477,7 @@ def test_fused_launches_sees_copies_of_layouts_and_cats(f, kernels):
     inputs = [torch.randn(4, 64, 32) for _ in range(3)] + [torch.randn(128, 32)]
     gm = fx.symbolic_trace(f)
     with torch.no_grad():
-        measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
     assert measured.cpp == kernels and fused_launches(gm, fx_shapes(gm, inputs)) == measured.total, measured
 
 
@@ -489,7 +496,7 @@ def test_fused_launches_does_not_fuse_across_an_extern_call():
     gm = fx.symbolic_trace(_residual)
     with torch.no_grad():
         measured = compile_inductor(gm, [torch.randn(8, 8), torch.randn(8, 8)],
-                                    config_patches={"compile_threads": 1}).launches
+                                    config_patches=AS_BACKEND).launches
     assert measured.extern == 1 and fused_launches(gm) == measured.total == 3
 
 
@@ -506,7 +513,7 @@ def test_fused_launches_counts_a_scan_as_a_call_on_cpu():
 
     gm = fx.symbolic_trace(_scan)
     with torch.no_grad():
-        measured = compile_inductor(gm, [torch.randn(4, 8)], config_patches={"compile_threads": 1}).launches
+        measured = compile_inductor(gm, [torch.randn(4, 8)], config_patches=AS_BACKEND).launches
     assert measured.fallback + measured.extern == 1 and fused_launches(gm) == measured.total == 3
     assert fused_launches(gm, table="cuda") == 1  # no call: fused like a reduction
 
@@ -531,7 +538,7 @@ def test_fused_launches_with_shapes_fuses_gemms_inductor_computes_elementwise():
     inputs = [torch.randn(1, 8), torch.randn(1, 8), torch.randn(1, 8), torch.randn(4, 8), torch.randn(4)]
     gm = fx.symbolic_trace(_rows)
     with torch.no_grad():
-        measured = compile_inductor(gm, inputs, config_patches={"compile_threads": 1}).launches
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
     lowered = from_fx(gm, inputs)
     assert measured.extern == 1
     assert fused_launches(gm, lowered.shapes.get) == measured.total
@@ -542,7 +549,8 @@ def test_fused_launches_with_shapes_fuses_gemms_inductor_computes_elementwise():
     assert report.changed and calls(out, torch.split) == 0
     with torch.no_grad():
         torch.testing.assert_close(out(*inputs), gm(*inputs))
-        assert report.launches_after == compile_inductor(out, inputs).launches.total == measured.total
+        assert report.launches_after == compile_inductor(out, inputs, config_patches=AS_BACKEND).launches.total \
+            == measured.total
 
 
 def test_own_ops_cost_what_their_constructors_cost():

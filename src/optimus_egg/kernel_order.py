@@ -53,10 +53,7 @@ def regroup(kinds: list[str], deps: list[set[int]]) -> list[int]:
     """A new order of items 0..n-1 (given in a topological order) of `kinds` (CODE, CALL,
     FREE: no code, may go anywhere) where item i waits on the items `deps[i]`: fewest runs of
     CODE items between CALL items, each item as late as its readers allow."""
-    users: list[list[int]] = [[] for _ in kinds]
-    for i, ds in enumerate(deps):
-        for d in ds:
-            users[d].append(i)
+    users = _users(deps)
     runs, first, taken = min((_phases(kinds, deps, users, first) for first in (CODE, CALL)), key=lambda r: r[0])
     last = max((p for _, p in taken), default=0)
     kind_of = [first if p % 2 == 0 else (CALL if first == CODE else CODE) for p in range(last + 1)]
@@ -67,6 +64,21 @@ def regroup(kinds: list[str], deps: list[set[int]]) -> list[int]:
             p -= 1
         latest[i] = p
     return sorted(range(len(kinds)), key=lambda i: (latest[i], i))
+
+
+def fewest_runs(kinds: list[str], deps: list[set[int]]) -> int:
+    """The fewest runs of CODE items between CALL items that an order of the items allows
+    (`regroup`'s arguments)."""
+    users = _users(deps)
+    return min(_phases(kinds, deps, users, first)[0] for first in (CODE, CALL))
+
+
+def _users(deps: list[set[int]]) -> list[list[int]]:
+    users: list[list[int]] = [[] for _ in deps]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(i)
+    return users
 
 
 def _phases(kinds: list[str], deps: list[set[int]], users: list[list[int]], first: str):
