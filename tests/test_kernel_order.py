@@ -130,3 +130,15 @@ def test_the_backend_compiles_with_the_kernel_order_on_cpu():
         assert measure.values_match(got, expected)
         cpp[on] = sum(measure.count_launches(c).cpp for c in codes)
     assert cpp[True] < cpp[False], cpp
+
+
+def test_kernel_order_warns_and_keeps_the_order_when_an_inductor_internal_fails(monkeypatch):
+    from optimus_egg import kernel_order
+
+    def moved(nodes):
+        raise TypeError("reorder_for_peak_memory() got an unexpected keyword argument")
+
+    monkeypatch.setattr(kernel_order, "_peak_memory_order", moved)
+    nodes = [object(), object()]
+    with pytest.warns(RuntimeWarning, match="kernel order skipped .TypeError"):
+        assert kernel_order.fewest_cpu_kernels(nodes) == nodes

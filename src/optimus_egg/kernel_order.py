@@ -18,7 +18,8 @@ fused nodes, and so the values and the GEMMs, stay as Inductor made them.
 `KERNEL_ORDER` is the config that turns it on: the pass, and Inductor's own peak-memory pass
 off (it runs after fusion passes and would undo the regrouping; this pass runs it first).
 Graphs on other devices (Triton: one launch per fused node whatever the order) keep the
-peak-memory order unchanged. If the regrouping fails, the pass warns and keeps that order.
+peak-memory order unchanged. If either step fails (an Inductor internal that moved), the pass
+warns and keeps the order it has.
 """
 from __future__ import annotations
 
@@ -32,15 +33,14 @@ CODE, CALL, FREE = "code", "call", "free"
 def fewest_cpu_kernels(nodes: list[Any]) -> list[Any]:
     """Inductor's peak-memory order of the scheduler nodes `nodes`, regrouped on CPU graphs so
     that code runs between calls are fewest (module docstring)."""
-    nodes = _peak_memory_order(nodes)
-    devices = {d.type for n in nodes if (d := n.get_device()) is not None}
-    if devices != {"cpu"}:
-        return nodes
     try:
+        nodes = _peak_memory_order(nodes)
+        if {d.type for n in nodes if (d := n.get_device()) is not None} != {"cpu"}:
+            return nodes
         made = {name: i for i, n in enumerate(nodes) for name in n.get_buffer_names()}
         deps = [{made[d.name] for d in n.unmet_dependencies if made.get(d.name, i) != i} for i, n in enumerate(nodes)]
         return [nodes[i] for i in regroup([_kind(n) for n in nodes], deps)]
-    except Exception as e:  # an Inductor internal that moved: keep Inductor's order
+    except Exception as e:  # an Inductor internal that moved: keep the order reached so far
         warnings.warn(f"optimus_egg: kernel order skipped ({type(e).__name__}: {e}); "
                       f"Inductor's order kept", RuntimeWarning, stacklevel=2)
         return nodes
