@@ -1,7 +1,9 @@
 """optimus_egg against its own rules applied greedily (the ablation), on random programs: where
 the ablation's graph is cheaper under the cost model, compile all three graphs (input,
-optimus_egg, ablation) with Inductor and count launches; the summary also says how often the
-fusion estimate (extract/fusion_cost.py, optimize()'s last check) predicted those counts.
+optimus_egg, ablation) with Inductor and the backend's CPU kernel order
+(src/optimus_egg/kernel_order.py) and count launches; the summary also says how often the
+fusion estimate (extract/fusion_cost.py, optimize()'s last check, which counts that order)
+predicted those counts.
 
     python bench/differential.py [--seed 1] [--programs 150] [--all] [--optimus] [--train]
 
@@ -11,14 +13,14 @@ points at an equality the e-graph lacks (how masknet's missing `even_split` fact
 at a blind spot of the cost model; the launch columns say which. `--all` compiles every
 program, not only those. `--optimus` compiles a fourth graph per program, PyTorch's Optimus
 (its pre-grad passes, as the bench's inference arm: `baselines.inductor_with_optimus(...,
-post_grad=False)`), and counts the programs where it launches fewer than optimus_egg, where
-its passes raise, or where its graph computes other values than the program (torch 2.13's
-`unbind_stack_to_slices_pass` stacks unbound items in their unbind order, whatever order the
+post_grad=False)`, without the kernel order), and counts the programs where it launches fewer
+than optimus_egg, where its passes raise, or where its graph computes other values than the
+program (torch 2.13's `unbind_stack_to_slices_pass` stacks unbound items in their unbind order, whatever order the
 stack has them in; compared where the program draws nothing random); the last two are left
 out of the comparison. `--train` compiles every graph for training (forward and backward, one
 backward of the outputs' sum): optimus_egg's and the ablation's as the backend compiles them
-(`baselines.as_backend_compiles`), Optimus's with its post-grad passes too, as the bench's
-training arm; the fusion estimate, a forward-only figure, is then left out. Prints one row per
+(`baselines.as_backend_compiles`: the post-grad passes too), Optimus's with its post-grad
+passes too, as the bench's training arm; the fusion estimate, a forward-only figure, is then left out. Prints one row per
 compiled program and a summary.
 """
 from __future__ import annotations
@@ -45,6 +47,7 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
     from optimus_egg.baselines import as_backend_compiles
     from optimus_egg.bench import fx_shapes
     from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.kernel_order import KERNEL_ORDER
     from optimus_egg.measure import compile_inductor
 
     def price(gm, x) -> float:
@@ -55,8 +58,8 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
     optimus: list[tuple[int, int | None]] = []  # (optimus_egg's launches, Optimus's or None where it raised or was wrong)
     wrongs: list[bool] = []  # per program: Optimus's graph computes other values than the program
 
-    def launches_of(g, x) -> int:
-        return compile_inductor(g, [x], training=train).launches.total
+    def launches_of(g, x) -> int:  # with the backend's CPU kernel order, which the estimate counts
+        return compile_inductor(g, [x], training=train, config_patches=KERNEL_ORDER).launches.total
 
     @settings(max_examples=programs, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @hypothesis_seed(seed)
