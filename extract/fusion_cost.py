@@ -8,8 +8,8 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   (on CPU every scan, cumsum and its kind, is one);
 - elementwise ops, reductions and copies connected producer -> consumer (through views), or
   reading one value (an input, an extern call's result, one view of either), fuse into one
-  kernel, up to a GEMM, unless a path between the two passes through an extern call; an
-  elementwise op that several readers take pieces of is computed inside each (inlined);
+  kernel, up to a GEMM, unless a path between the two passes through an extern call (on
+  CPU all code between two calls is one kernel anyway: below);
 - a cat or stack of computed tensors is free: each producer writes into its slice (a view
   of one, or an input, is copied: the cat is then a kernel of its own); on CPU so is a 2-D
   GEMM's result (linear, mm), not a bmm's (`_gemm_into_slice`);
@@ -176,15 +176,15 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
     into it); a random op waits on the seed draw, a call."""
     items = [n for n in gm.graph.nodes if n in live and kind.get(n) in ("compute", "extern")]
     index = {n: i for i, n in enumerate(items, 1)}  # item 0: the seed draw
-    under: dict[fx.Node, set[int]] = {}
+    under: dict[fx.Node, set[int]] = {}  # a view -> the items it reads (graph order: inputs first)
 
     def feeds(a: fx.Node) -> set[int]:
         """The items a value stands for: itself, or what a view of it reads."""
-        if a in index:
-            return {index[a]}
-        if a not in under:
-            under[a] = set().union(*map(feeds, a.all_input_nodes)) if kind.get(a) == "view" else set()
-        return under[a]
+        return {index[a]} if a in index else under.get(a, set())
+
+    for n in gm.graph.nodes:
+        if kind.get(n) == "view":
+            under[n] = set().union(*map(feeds, n.all_input_nodes))
 
     kinds = [CALL] + [CALL if kind[n] == "extern" else FREE if n in free_cat else CODE for n in items]
     deps = [set()] + [set().union(*map(feeds, n.all_input_nodes), {0} if draws_random(n, modules) else ())
