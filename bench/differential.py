@@ -21,7 +21,8 @@ out of the comparison. `--train` compiles every graph for training (forward and 
 backward of the outputs' sum): optimus_egg's and the ablation's as the backend compiles them
 (`baselines.as_backend_compiles`: the post-grad passes too), Optimus's with its post-grad
 passes too, as the bench's training arm; the fusion estimate, a forward-only figure, is then left out. Prints one row per
-compiled program and a summary.
+compiled program (flagged ones, the estimate's misses among them, with the program) and a
+summary.
 """
 from __future__ import annotations
 
@@ -77,10 +78,12 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
             egg, greedy = as_backend_compiles(egg), as_backend_compiles(greedy)
         launches = [launches_of(g, x) for g in (gm, egg, greedy)]
         rows.append((cost_egg, cost_greedy, launches))
-        if not train:
-            estimates.extend(fused_launches(g, fx_shapes(g, [x])) - n for g, n in zip((gm, egg, greedy), launches))
+        off = [] if train else [fused_launches(g, fx_shapes(g, [x])) - n for g, n in zip((gm, egg, greedy), launches)]
+        estimates.extend(off)
         flag = ("  optimus_egg above its input" if launches[1] > launches[0] else
                 "  ablation fewer" if launches[2] < launches[1] else "")
+        if any(off):  # the estimate minus the launches, per graph
+            flag += "  estimate off (input / egg / ablation: " + " / ".join(f"{d:+d}" for d in off) + ")"
         extra = ""
         if with_optimus:
             n, wrong = optimus_row(gm, x, train)
