@@ -118,16 +118,15 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
                 out.append(a)
         return out
 
+    externs = sum(1 for k in kind.values() if k == "extern")
+    if cpu:
+        return externs + _cpu_kernels(gm, modules, live, kind, shape_of) + random
     compute = [n for n in gm.graph.nodes if kind.get(n) == "compute"]
     free_cat = set()
     for n in compute:
-        name = _target_name(n, modules)
-        if name in COPIES and not leafy[n] and all(kind.get(a) == "compute" or kind.get(a) == "extern" and (
-                not cpu or _gemm_into_slice(a, modules, shape_of)) for a in n.all_input_nodes):
+        if _target_name(n, modules) in COPIES and not leafy[n] and all(
+                kind.get(a) in ("compute", "extern") for a in n.all_input_nodes):
             free_cat.add(n)  # producers write straight into the output buffer
-    externs = sum(1 for k in kind.values() if k == "extern")
-    if cpu:
-        return externs + _cpu_kernels(gm, modules, live, kind, free_cat) + random
     through_extern = _extern_paths(gm, kind)
     readers: dict[fx.Node, list[fx.Node]] = {}  # a view, input or extern result -> compute nodes reading it
     for n in compute:
@@ -167,28 +166,46 @@ def _live(gm: fx.GraphModule, modules: dict) -> set[fx.Node]:
     return live
 
 
-def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: dict, free_cat: set) -> int:
+def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: dict,
+                 shape_of: Callable[[fx.Node], Shape | None] | None) -> int:
     """C++ kernels as the optimus_egg backend compiles a graph: Inductor's C++ backend writes
     everything it schedules between two calls (an extern kernel, an ATen fallback) into one
     kernel, fused or not, and the backend's kernel order (kernel_order.py) schedules the code
     in the fewest such runs. So the kernels are the fewest runs of code between calls that an
-    order of the graph's computed nodes allows. A free cat is no code (its producers write
-    into it); a random op waits on the seed draw, a call."""
-    items = [n for n in gm.graph.nodes if n in live and kind.get(n) in ("compute", "extern")]
-    index = {n: i for i, n in enumerate(items, 1)}  # item 0: the seed draw
-    under: dict[fx.Node, set[int]] = {}  # a view -> the items it reads (graph order: inputs first)
+    order of the graph's computed nodes allows. A cat or stack is no code of its own: each
+    operand gets into its slice apart, written there by its producer (a computed value, a 2-D
+    GEMM's result: `_gemm_into_slice`) or copied by code that waits on that operand alone (a
+    view, an input, another call's result). A random op waits on the seed draw, a call."""
+    kinds, deps = [CALL], [set()]  # item 0: the seed draw
+    index: dict[fx.Node, int] = {}
+    under: dict[fx.Node, set[int]] = {}  # a view -> the items it reads
 
     def feeds(a: fx.Node) -> set[int]:
         """The items a value stands for: itself, or what a view of it reads."""
         return {index[a]} if a in index else under.get(a, set())
 
-    for n in gm.graph.nodes:
-        if kind.get(n) == "view":
-            under[n] = set().union(*map(feeds, n.all_input_nodes))
+    def item(k: str, d: set[int]) -> int:
+        kinds.append(k)
+        deps.append(d)
+        return len(kinds) - 1
 
-    kinds = [CALL] + [CALL if kind[n] == "extern" else FREE if n in free_cat else CODE for n in items]
-    deps = [set()] + [set().union(*map(feeds, n.all_input_nodes), {0} if draws_random(n, modules) else ())
-                      for n in items]
+    for n in gm.graph.nodes:  # inputs first
+        k = kind.get(n)
+        if k == "view":
+            under[n] = set().union(*map(feeds, n.all_input_nodes))
+        if n not in live or k not in ("compute", "extern"):
+            continue
+        if k == "compute" and _target_name(n, modules) in COPIES:
+            d = set()
+            for a in n.all_input_nodes:
+                if kind.get(a) == "compute" or kind.get(a) == "extern" and _gemm_into_slice(a, modules, shape_of):
+                    d |= feeds(a)
+                else:
+                    d.add(item(CODE, set(feeds(a))))  # a copy into the slice
+            k, d = FREE, d
+        else:
+            k, d = (CALL if k == "extern" else CODE), set().union(*map(feeds, n.all_input_nodes))
+        index[n] = item(k, d | ({0} if draws_random(n, modules) else set()))
     return fewest_runs(kinds, deps)
 
 

@@ -481,6 +481,31 @@ def test_fused_launches_sees_copies_of_layouts_and_cats(f, kernels):
     assert measured.cpp == kernels and fused_launches(gm, fx_shapes(gm, inputs)) == measured.total, measured
 
 
+def _pieces_stacked_with_a_gemm(x, w, b):
+    p = torch.cat(x.split(3, 1), 1).split(3, 1)
+    y = F.linear(p[0], w, b)
+    s = torch.tanh((y @ y.t()) / 3)
+    return torch.stack([s @ y, p[1], p[2], p[3], p[4]])  # the last mm writes into its slice
+
+
+def test_fused_launches_copies_each_operand_of_a_stack_apart():
+    """A stack of a GEMM's result and four pieces of a computed cat: the mm writes its result
+    into its slice and the pieces are copied by code that waits on the cat alone, which runs
+    before the last mm, with the tanh (bench/differential.py --seed 31). 3 extern + 2 C++
+    kernels; the estimate once took the stack for one piece of code after the mm: 6."""
+    from optimus_egg.bench import fx_shapes
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    inputs = [torch.randn(2, 15), torch.randn(3, 3), torch.randn(3)]
+    gm = fx.symbolic_trace(_pieces_stacked_with_a_gemm)
+    with torch.no_grad():
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
+        torch.testing.assert_close(gm(*inputs), _pieces_stacked_with_a_gemm(*inputs))
+    assert (measured.extern, measured.cpp) == (3, 2), measured
+    assert fused_launches(gm, fx_shapes(gm, inputs)) == measured.total
+
+
 def _residual(x, w):
     a = torch.tanh(x)
     return a * (a @ w)  # a reaches the mul directly and through the GEMM
