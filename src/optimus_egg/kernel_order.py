@@ -54,7 +54,7 @@ def regroup(kinds: list[str], deps: list[set[int]]) -> list[int]:
     FREE: no code, may go anywhere) where item i waits on the items `deps[i]`: fewest runs of
     CODE items between CALL items, each item as late as its readers allow."""
     users = _users(deps)
-    runs, first, taken = min((_phases(kinds, deps, users, first) for first in (CODE, CALL)), key=lambda r: r[0])
+    _, first, taken = min((_phases(kinds, deps, users, first) for first in (CODE, CALL)), key=lambda r: r[0])
     last = max((p for _, p in taken), default=0)
     kind_of = [first if p % 2 == 0 else (CALL if first == CODE else CODE) for p in range(last + 1)]
     latest: dict[int, int] = {}
