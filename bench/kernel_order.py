@@ -23,23 +23,14 @@ ARMS = ["inductor", "optimus", "optimus_egg"]
 
 def run(name: str, train: bool) -> tuple[dict[str, tuple[int, int]], bool]:
     """{arm: (launches without the kernel order, with it)}, and whether all values matched."""
-    import torch
-    from torch import fx
-
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles, inductor_with_optimus
-    from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, one_thread
+    from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, one_thread, traced_with_reference
     from optimus_egg.kernel_order import KERNEL_ORDER
     from optimus_egg.measure import compile_inductor, values_match
-    from optimus_egg.models import build
 
     with one_thread():
-        model, inputs = build(name)
-        model.train(train)
-        gm = fx.symbolic_trace(model)
-        gm.train(train)
-        params = dict(model.named_parameters())
-        expected, expected_grads = _run_and_grads(model, inputs, params, train)
+        model, inputs, gm, params, expected, expected_grads = traced_with_reference(name, train)
         egg = optimize(gm, list(inputs), budget_s=1.0)
         graphs = {"inductor": gm, "optimus": inductor_with_optimus(gm, list(inputs), post_grad=train), "optimus_egg": egg}
         counts, ok = {}, True

@@ -23,8 +23,6 @@ MODELS = ["parallel_mlp", "dlrm", "dcn_v2", "wukong", "dhen", "masknet", "interf
 
 def run(name: str, train: bool) -> bool:
     import torch
-    from optimus_egg.models import build
-    from torch import fx
 
     from optimus_egg import optimize
     from optimus_egg.baselines import (
@@ -33,17 +31,12 @@ def run(name: str, train: bool) -> bool:
         inductor_with_optimus,
         post_grad_patches,
     )
-    from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, one_thread
+    from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, one_thread, traced_with_reference
     from optimus_egg.measure import compile_inductor, values_match
 
     with one_thread():
         torch.manual_seed(0)
-        model, inputs = build(name)
-        model.train(train)
-        gm = fx.symbolic_trace(model)
-        gm.train(train)
-        params = dict(model.named_parameters())
-        expected, expected_grads = _run_and_grads(model, inputs, params, train)
+        model, inputs, gm, params, expected, expected_grads = traced_with_reference(name, train)
         egg = as_backend_compiles(optimize(gm, list(inputs), budget_s=1.0), post_grad=False)
         cells, ok = [], True
         for label, patches in (("without", {}), ("with", post_grad_patches(EGG_POST_GRAD))):

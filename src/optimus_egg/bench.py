@@ -194,6 +194,21 @@ def _run_and_grads(fn, inputs, params: dict[str, torch.nn.Parameter], train: boo
     return _detach(out), grads
 
 
+def traced_with_reference(name: str, train: bool):
+    """A bench model in `train` mode, its symbolic_trace graph (same mode), its parameters, and
+    its eager outputs and gradients (`_run_and_grads`): (model, inputs, gm, params, expected,
+    expected_grads)."""
+    from optimus_egg.models import build
+
+    model, inputs = build(name)
+    model.train(train)
+    gm = fx.symbolic_trace(model)
+    gm.train(train)
+    params = dict(model.named_parameters())
+    expected, expected_grads = _run_and_grads(model, inputs, params, train)
+    return model, inputs, gm, params, expected, expected_grads
+
+
 def _grads_match(got: dict, expected: dict) -> bool:
     from optimus_egg.measure import values_match
 
