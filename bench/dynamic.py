@@ -9,7 +9,8 @@ Per model: how many graphs the backend compiled (1 with --export), whether the g
 symbolic batch, whether the optimized model's values match eager at the batch sizes b, b/2 and
 b/4 + 1, the cost before -> after for that graph, and Inductor's launches for it:
 plain, with Optimus's pre-grad passes, and optimized by optimus_egg (compiled as the backend
-compiles it, with `baselines.EGG_POST_GRAD`). dlrm is left out: its inputs are indices and
+compiles it, `baselines.backend_patches()`: the post-grad passes
+`baselines.EGG_POST_GRAD` and the CPU kernel order). dlrm is left out: its inputs are indices and
 offsets into embedding bags, not rows to cut.
 """
 from __future__ import annotations
@@ -89,7 +90,7 @@ def run(name: str, export: bool = False) -> str:
     optimus = measure.compile_inductor(
         gm, inputs, config_patches={"pre_grad_fusion_options": baselines.OPTIMUS_PRE_GRAD}).launches.total
     egg = measure.compile_inductor(
-        out, inputs, config_patches=baselines.post_grad_patches(baselines.EGG_POST_GRAD)).launches.total
+        out, inputs, config_patches=baselines.backend_patches()).launches.total
     return (f"{name:13s} graphs {n_graphs}  symbolic batch {bool(size_symbols(gm))!s:5s}  "
             f"values {'match' if all(match) else 'DIFFER ' + str(match)}  "
             f"cost {report.cost_before:.1f} -> {report.cost_after:.1f}  "

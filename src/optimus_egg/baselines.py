@@ -50,7 +50,6 @@ __all__ = [
     "OPTIMUS_PRE_GRAD",
     "OPTIMUS_POST_GRAD",
     "EGG_POST_GRAD",
-    "SAME_DEVICE_BATCH_MUL",
     "SAME_DTYPE_BATCH_LINEAR",
     "verify_options",
     "capture",
@@ -126,17 +125,14 @@ OPTIMUS_POST_GRAD: dict[str, dict[str, Any]] = {
 # fp64 (devices are not compared either). SAME_DTYPE_BATCH_LINEAR is the same pass with each
 # operand's dtype and device in the group key; the optimus_egg backend runs it instead.
 SAME_DTYPE_BATCH_LINEAR = "batch_linear_post_grad_same_dtype"
-# Likewise torch 2.13's batch_aten_mul keys its groups by shape and dtypes but not device: two
-# products of 0-d tensors, one on the CPU and one on a GPU, would be stacked into one tensor
-# (a cross-device cat). SAME_DEVICE_BATCH_MUL adds each operand's device to the key.
-SAME_DEVICE_BATCH_MUL = "batch_aten_mul_same_device"
-_REFINED = {"batch_linear_post_grad": SAME_DTYPE_BATCH_LINEAR, "batch_aten_mul": SAME_DEVICE_BATCH_MUL}
+_REFINED = {"batch_linear_post_grad": SAME_DTYPE_BATCH_LINEAR}
 
 # The post-grad passes the optimus_egg backend (and the bench's optimus_egg and greedy-rules
-# arms) compile with: OPTIMUS_POST_GRAD without the pointwise batching other than products.
-# The left-out batch_aten_* stack operands that Inductor then copies: on CPU, training step
-# time and on wukong a launch; batch_aten_mul saves hstu one. Measurements: README, Design
-# ("The backward is left to PyTorch's post-grad passes").
+# arms) compile with: OPTIMUS_POST_GRAD without the pointwise batching (batch_aten_*). Those
+# stack operands that Inductor then copies: on CPU, training step time, and on wukong a launch;
+# with the CPU kernel order none of them saves a launch on any bench model (batch_aten_mul,
+# the last kept, saved hstu one before it). Measurements: README, Design ("The backward is
+# left to PyTorch's post-grad passes").
 # Also left out: select_cat_aten_pass and split_cat_aten_pass. Neither changes a launch count on
 # any bench model (inference or training, measured), and torch 2.13's versions raise IndexError
 # inside Inductor on graphs optimus_egg's rewrites make likelier: select_cat_aten_pass takes every
@@ -147,7 +143,7 @@ _REFINED = {"batch_linear_post_grad": SAME_DTYPE_BATCH_LINEAR, "batch_aten_mul":
 _LEFT_OUT = ("select_cat_aten_pass", "split_cat_aten_pass")
 EGG_POST_GRAD: dict[str, dict[str, Any]] = {
     _REFINED.get(k, k): v for k, v in OPTIMUS_POST_GRAD.items()
-    if (not k.startswith("batch_aten_") or k == "batch_aten_mul") and k not in _LEFT_OUT
+    if not k.startswith("batch_aten_") and k not in _LEFT_OUT
 }
 
 
@@ -158,21 +154,15 @@ def _operand_key(node: fx.Node) -> tuple:
 
 
 def _register_refined_fusions() -> None:
-    """Register SAME_DTYPE_BATCH_LINEAR and SAME_DEVICE_BATCH_MUL with Inductor's post-grad
-    fusions (once): PyTorch's passes with each operand's dtype and device in the group key."""
+    """Register SAME_DTYPE_BATCH_LINEAR with Inductor's post-grad fusions (once): PyTorch's
+    pass with each operand's dtype and device in the group key."""
     from torch._inductor.fx_passes import group_batch_fusion as gbf
 
-    if SAME_DEVICE_BATCH_MUL in gbf.POST_GRAD_FUSIONS:
+    if SAME_DTYPE_BATCH_LINEAR in gbf.POST_GRAD_FUSIONS:
         return
 
     @gbf.register_fusion(SAME_DTYPE_BATCH_LINEAR, pre_grad=False)
     class SameDtypeBatchLinear(gbf.PostGradBatchLinearFusion):
-        def match(self, node: fx.Node):
-            key = super().match(node)
-            return None if key is None else (*key, *_operand_key(node))
-
-    @gbf.register_fusion(SAME_DEVICE_BATCH_MUL, pre_grad=False)
-    class SameDeviceBatchMul(gbf.BatchMulPostGradFusion):
         def match(self, node: fx.Node):
             key = super().match(node)
             return None if key is None else (*key, *_operand_key(node))
