@@ -2,6 +2,7 @@
 
     python bench/post_grad.py                              # the 8 bench models, training and inference
     python bench/post_grad.py --models dhen,hstu --train   # training only
+    python bench/post_grad.py --pass-by-pass [--rounds 60] # training: launches and step time per pass set
 
 optimus_egg rewrites the forward graph; the torch.compile backend (and the bench's optimus_egg
 arm) then compiles with Inductor's post-grad Optimus passes (baselines.EGG_POST_GRAD),
@@ -12,6 +13,12 @@ training, every parameter's gradient) equal eager's. In inference it also prints
 arm with and without them (the bench's Optimus arm runs them in training only), and plain
 Inductor with and without them (what the post-grad passes do alone). One torch
 thread; launches are deterministic, so one run suffices.
+
+--pass-by-pass (training): the optimus_egg arm compiled as the backend compiles it (the CPU
+kernel order, the backward's EGG_BACKWARD) with EGG_POST_GRAD, EGG_POST_GRAD plus PyTorch's
+batch_aten_mul, EGG_POST_GRAD without the GEMM batching, and no post-grad pass, next to plain
+Inductor and Optimus: launches and the median training step over plain Inductor's, all arms
+timed in one interleaved run ("!" marks values or gradients that differ from eager's).
 """
 from __future__ import annotations
 
@@ -56,12 +63,56 @@ def run(name: str, train: bool) -> bool:
         return ok
 
 
+def pass_by_pass(name: str, rounds: int) -> bool:
+    import torch
+
+    from optimus_egg import optimize
+    from optimus_egg.baselines import (
+        EGG_BACKWARD,
+        EGG_POST_GRAD,
+        OPTIMUS_POST_GRAD,
+        SAME_DTYPE_BATCH_LINEAR,
+        inductor_with_optimus,
+        post_grad_patches,
+    )
+    from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, _train_step, one_thread, traced_with_reference
+    from optimus_egg.kernel_order import KERNEL_ORDER
+    from optimus_egg.measure import compile_inductor, interleaved_medians, values_match
+
+    with one_thread():
+        torch.manual_seed(0)
+        model, inputs, gm, params, expected, expected_grads = traced_with_reference(name, True)
+        egg = optimize(gm, list(inputs), budget_s=1.0)
+        arms = {"plain": compile_inductor(gm, inputs, training=True),
+                "optimus": compile_inductor(inductor_with_optimus(gm, list(inputs), post_grad=True), inputs, training=True)}
+        pass_sets = {"egg": EGG_POST_GRAD,
+                     "egg+mul": {**EGG_POST_GRAD, "batch_aten_mul": OPTIMUS_POST_GRAD["batch_aten_mul"]},
+                     "egg-gemm": {k: v for k, v in EGG_POST_GRAD.items() if k != SAME_DTYPE_BATCH_LINEAR},
+                     "egg-none": {}}
+        for label, passes in pass_sets.items():
+            arms[label] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,
+                                           config_patches={**(post_grad_patches(passes) if passes else {}), **KERNEL_ORDER})
+        ok = {}
+        for label, c in arms.items():
+            got, grads = _run_and_grads(c.fn, inputs, params, True)
+            ok[label] = values_match(got, expected, **VALUE_TOL) and _grads_match(grads, expected_grads)
+        steps = {label: _train_step(c.fn, list(params.values())) for label, c in arms.items()}
+        ms = interleaved_medians(steps, inputs, rounds=rounds)
+        print(f"{name:<13} " + "  ".join(f"{label} {c.launches.total} {ms[label] / ms['plain']:.3f}x{'' if ok[label] else ' !'}"
+                                         for label, c in arms.items()), flush=True)
+        return all(ok.values())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--train", action="store_true", help="training only")
     ap.add_argument("--infer", action="store_true", help="inference only")
+    ap.add_argument("--pass-by-pass", action="store_true", help="training: launches and step time per post-grad pass set")
+    ap.add_argument("--rounds", type=int, default=60, help="interleaved timing rounds (--pass-by-pass)")
     args = ap.parse_args(argv)
+    if args.pass_by_pass:
+        return 0 if all([pass_by_pass(m, args.rounds) for m in args.models.split(",") if m]) else 1
     modes = [True] if args.train else [False] if args.infer else [True, False]
     ok = True
     for train in modes:

@@ -77,6 +77,19 @@ def test_post_grad_script_end_to_end(capsys):
     assert line.startswith("parallel_mlp") and "without" in line and "with" in line and "DIFFER" not in line
 
 
+def test_post_grad_pass_by_pass_end_to_end(capsys):
+    """bench/post_grad.py --pass-by-pass on the smallest model: every arm trains to eager's
+    values and gradients, and the pass sets give launches no higher than no post-grad pass."""
+    import post_grad
+
+    assert post_grad.main(["--models", "parallel_mlp", "--pass-by-pass", "--rounds", "2"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    cells = dict(c.split(" ", 1) for c in line.split("  ")[1:])
+    assert set(cells) == {"plain", "optimus", "egg", "egg+mul", "egg-gemm", "egg-none"}, line
+    launches = {k: int(v.split()[0]) for k, v in cells.items()}
+    assert launches["egg"] <= launches["egg-none"] < launches["plain"], line
+
+
 def test_kernel_order_script_end_to_end():
     """bench/kernel_order.py on the smallest model, inference: every compile matches eager, and
     the order takes plain Inductor's launches down (17 -> 10 measured) and raises no arm's."""

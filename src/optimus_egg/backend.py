@@ -12,7 +12,7 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
 
     optimus_egg rewrites the graph Dynamo captures, the forward; with `post_grad` (default)
     Inductor then also runs PyTorch's post-grad Optimus passes in `baselines.EGG_POST_GRAD`
-    (batching of ATen mm and mul ops, split-cat cleanups) on what it compiles, which in
+    (batching of ATen mm ops, split-cat cleanups) on what it compiles, which in
     training includes the backward graph that optimus_egg never sees. With `kernel_order`
     (default) Inductor's scheduler packs a CPU graph's code into fewest C++ kernels
     (`kernel_order.py`; forward and backward). Either way Inductor compiles the backward
