@@ -323,13 +323,33 @@ def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[
 
     if name in ("mm", "bmm", "matmul") and len(n.args) >= 2:
         return elementwise_matmul(shape(n.args[0]), shape(n.args[1]), table)
-    if name == "linear" and n.op == "call_module":
-        mod = modules[n.target]
-        return elementwise_linear(shape(n.args[0]), tuple(mod.weight.shape), mod.bias is not None, table)
     if name == "batched_linear" and len(n.args) >= 2:
         bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("b")
         return elementwise_batched_linear(shape(n.args[0]), shape(n.args[1]), bias is not None, table)
-    if name == "linear" and len(n.args) >= 2:
-        bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")
-        return elementwise_linear(shape(n.args[0]), shape(n.args[1]), bias is not None, table)
-    return False
+    if name != "linear" or (n.op != "call_module" and len(n.args) < 2):
+        return False
+    if n.op == "call_module":
+        mod = modules[n.target]
+        x, w, bias = shape(n.args[0]), tuple(mod.weight.shape), mod.bias is not None
+    else:
+        x, w = shape(n.args[0]), shape(n.args[1])
+        bias = (n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")) is not None
+    return elementwise_linear(x, w, bias or _bias_by_add(n, x, w, modules, shape), table)
+
+
+def _bias_by_add(n: fx.Node, x: Shape | None, w: Shape | None, modules: dict,
+                 shape: Callable[[object], Shape | None]) -> bool:
+    """Does Inductor fold an add into this bias-less 2-D linear as its bias? Its post-grad
+    pattern turns `mm(a, b) + t` into `addmm(t, a, b)` where the mm has no other reader and
+    `t` is a tensor that expands to the product's shape (dtypes are equal in these graphs);
+    the addmm's decomposition may then make it elementwise code."""
+    if not x or not w or len(x) != 2 or len(w) != 2 or len(n.users) != 1:
+        return False
+    (add,) = n.users
+    if add.op not in ("call_function", "call_method") or _target_name(add, modules) != "add" \
+            or add.kwargs or len(add.args) != 2:
+        return False
+    other = add.args[1] if add.args[0] is n else add.args[0]
+    t = shape(other) if isinstance(other, fx.Node) and other is not n else None
+    out = (x[0], w[0])
+    return t is not None and len(t) <= 2 and all(a in (1, b) for a, b in zip(reversed(t), reversed(out)))

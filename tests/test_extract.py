@@ -578,6 +578,27 @@ def test_fused_launches_with_shapes_fuses_gemms_inductor_computes_elementwise():
             == measured.total
 
 
+def _one_row_residuals(x, w, r, v):
+    """Bias-less one-row linears whose result is added to: a [1, 8] row, and a [4, 8] block."""
+    return torch.tanh(F.linear(x, w) + r), torch.tanh(F.linear(x, w) + v)
+
+
+def test_fused_launches_sees_an_add_folded_into_a_one_row_linear():
+    """Inductor folds `mm(x, w.T) + r` into an addmm where r expands to the product's shape,
+    and computes a one-row addmm with K, N <= 16 as elementwise code: the first linear fuses
+    with its neighbours. The second's add broadcasts the product up to [4, 8], so it stays a
+    GEMM. The estimate counts what Inductor compiles (before, it took both for GEMMs)."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    inputs = [torch.randn(1, 8), torch.randn(8, 8), torch.randn(1, 8), torch.randn(4, 8)]
+    gm = fx.symbolic_trace(_one_row_residuals)
+    with torch.no_grad():
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
+    assert measured.extern == 1
+    assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == measured.total
+
+
 def test_own_ops_cost_what_their_constructors_cost():
     # A graph optimus_egg already optimized holds its batched ops as template calls.
     assert launch_cost("call", "batched_linear") == launch_cost("batched_linear") == 1.0
