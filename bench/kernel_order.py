@@ -25,9 +25,9 @@ def run(name: str, train: bool) -> tuple[dict[str, tuple[int, int]], bool]:
     """{arm: (launches without the kernel order, with it)}, and whether all values matched."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles, inductor_with_optimus
-    from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, one_thread, traced_with_reference
+    from optimus_egg.bench import matches_eager, one_thread, traced_with_reference
     from optimus_egg.kernel_order import KERNEL_ORDER
-    from optimus_egg.measure import compile_inductor, values_match
+    from optimus_egg.measure import compile_inductor
 
     with one_thread():
         model, inputs, gm, params, expected, expected_grads = traced_with_reference(name, train)
@@ -42,8 +42,7 @@ def run(name: str, train: bool) -> tuple[dict[str, tuple[int, int]], bool]:
                 # (the forward's config applies to the backward, compiled inside compile_inductor)
                 c = compile_inductor(g, inputs, training=train,
                                      config_patches=KERNEL_ORDER if on and arm != "optimus_egg" else None)
-                got, grads = _run_and_grads(c.fn, inputs, params, train)
-                ok &= values_match(got, expected, **VALUE_TOL) and (not train or _grads_match(grads, expected_grads))
+                ok &= matches_eager(c.fn, inputs, params, expected, expected_grads, train)
                 pair.append(c.launches.total)
             counts[arm] = (pair[0], pair[1])
         return counts, ok

@@ -37,17 +37,11 @@ from optimus_egg.baselines import (
     inductor_with_optimus,
     post_grad_patches,
 )
-from optimus_egg.bench import VALUE_TOL, _grads_match, _run_and_grads, _train_step, one_thread, traced_with_reference
+from optimus_egg.bench import _train_step, matches_eager, one_thread, traced_with_reference
 from optimus_egg.kernel_order import KERNEL_ORDER
-from optimus_egg.measure import compile_inductor, interleaved_medians, values_match
+from optimus_egg.measure import compile_inductor, interleaved_medians
 
 MODELS = ["parallel_mlp", "dlrm", "dcn_v2", "wukong", "dhen", "masknet", "interformer", "hstu"]
-
-
-def _matches_eager(compiled, inputs, params, expected, expected_grads, train: bool) -> bool:
-    """Whether a compiled graph's values (and, in training, every parameter's gradient) equal eager's."""
-    got, grads = _run_and_grads(compiled.fn, inputs, params, train)
-    return values_match(got, expected, **VALUE_TOL) and (not train or _grads_match(grads, expected_grads))
 
 
 def run(name: str, train: bool) -> bool:
@@ -58,7 +52,7 @@ def run(name: str, train: bool) -> bool:
         cells, ok = [], True
         for label, patches in (("without", {}), ("with", post_grad_patches(EGG_POST_GRAD))):
             c = compile_inductor(egg, inputs, training=train, config_patches=patches)
-            match = _matches_eager(c, inputs, params, expected, expected_grads, train)
+            match = matches_eager(c.fn, inputs, params, expected, expected_grads, train)
             ok &= match
             cells.append(f"{label} {c.launches.total}{'' if match else ' (VALUES DIFFER)'}")
         line = f"{name:<13} {'train' if train else 'infer'}  optimus_egg@1s: {', '.join(cells)}"
@@ -86,7 +80,7 @@ def pass_by_pass(name: str, rounds: int) -> bool:
         for label, passes in pass_sets.items():
             arms[label] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,
                                            config_patches={**(post_grad_patches(passes) if passes else {}), **KERNEL_ORDER})
-        ok = {label: _matches_eager(c, inputs, params, expected, expected_grads, True) for label, c in arms.items()}
+        ok = {label: matches_eager(c.fn, inputs, params, expected, expected_grads, True) for label, c in arms.items()}
         steps = {label: _train_step(c.fn, list(params.values())) for label, c in arms.items()}
         ms = interleaved_medians(steps, inputs, rounds=rounds)
         print(f"{name:<13} " + "  ".join(f"{label} {c.launches.total} {ms[label] / ms['plain']:.3f}x{'' if ok[label] else ' !'}"

@@ -209,6 +209,15 @@ def traced_with_reference(name: str, train: bool):
     return model, inputs, gm, params, expected, expected_grads
 
 
+def matches_eager(fn, inputs, params: dict, expected, expected_grads: dict, train: bool) -> bool:
+    """Whether `fn`'s values (and, when training, every parameter's gradient) equal the eager
+    reference of `traced_with_reference`."""
+    from optimus_egg.measure import values_match
+
+    got, grads = _run_and_grads(fn, inputs, params, train)
+    return values_match(got, expected, **VALUE_TOL) and (not train or _grads_match(grads, expected_grads))
+
+
 def _grads_match(got: dict, expected: dict) -> bool:
     from optimus_egg.measure import values_match
 
