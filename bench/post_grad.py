@@ -15,9 +15,10 @@ Inductor with and without them (what the post-grad passes do alone). One torch
 thread; launches are deterministic, so one run suffices.
 
 --pass-by-pass (training): the optimus_egg arm compiled as the backend compiles it (the CPU
-kernel order, the backward's EGG_BACKWARD) with EGG_POST_GRAD, EGG_POST_GRAD plus PyTorch's
-batch_aten_mul, EGG_POST_GRAD without the GEMM batching, and no post-grad pass, next to plain
-Inductor and Optimus: launches and the median training step over plain Inductor's, all arms
+kernel order, the backward's EGG_BACKWARD) with EGG_POST_GRAD; EGG_POST_GRAD without its limit
+on the elements a GEMM batch stacks per launch saved (MAX_STACKED_PER_LAUNCH); EGG_POST_GRAD plus
+PyTorch's batch_aten_mul; EGG_POST_GRAD without the GEMM batching; without optimus_egg's bmm
+batching (BATCH_BMM); and no post-grad pass, next to plain Inductor and Optimus: launches and the median training step over plain Inductor's, all arms
 timed in one interleaved run ("!" marks values or gradients that differ from eager's).
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 from optimus_egg import optimize
 from optimus_egg.baselines import (
     EGG_BACKWARD,
+    BATCH_BMM,
     EGG_POST_GRAD,
     OPTIMUS_POST_GRAD,
     SAME_DTYPE_BATCH_LINEAR,
@@ -74,8 +76,11 @@ def pass_by_pass(name: str, rounds: int) -> bool:
         arms = {"plain": compile_inductor(gm, inputs, training=True),
                 "optimus": compile_inductor(inductor_with_optimus(gm, list(inputs), post_grad=True), inputs, training=True)}
         pass_sets = {"egg": EGG_POST_GRAD,
+                     "egg-ungated": {k: {o: x for o, x in v.items() if o != "max_stacked_per_launch"}
+                                     for k, v in EGG_POST_GRAD.items()},
                      "egg+mul": {**EGG_POST_GRAD, "batch_aten_mul": OPTIMUS_POST_GRAD["batch_aten_mul"]},
                      "egg-gemm": {k: v for k, v in EGG_POST_GRAD.items() if k != SAME_DTYPE_BATCH_LINEAR},
+                     "egg-bmm": {k: v for k, v in EGG_POST_GRAD.items() if k != BATCH_BMM},
                      "egg-none": {}}
         for label, passes in pass_sets.items():
             arms[label] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,

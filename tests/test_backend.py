@@ -268,6 +268,7 @@ def test_backend_leaves_out_the_pointwise_post_grad_batching():
     from torch._inductor.compile_fx import compile_fx
 
     from optimus_egg.baselines import (
+        BATCH_BMM,
         EGG_POST_GRAD,
         OPTIMUS_POST_GRAD,
         SAME_DTYPE_BATCH_LINEAR,
@@ -275,7 +276,7 @@ def test_backend_leaves_out_the_pointwise_post_grad_batching():
     )
 
     assert not any(k.startswith("batch_aten_") for k in EGG_POST_GRAD)
-    assert set(EGG_POST_GRAD) - {SAME_DTYPE_BATCH_LINEAR} < set(OPTIMUS_POST_GRAD)
+    assert set(EGG_POST_GRAD) - {SAME_DTYPE_BATCH_LINEAR, BATCH_BMM} < set(OPTIMUS_POST_GRAD)
 
     def ran_with(backend):
         counters.clear()
@@ -408,3 +409,132 @@ def test_backward_patched_patches_the_backward_only():
     inner(None, [], is_backward=False)
     inner(None, [], is_backward=True)
     assert seen == [(False, True), (True, False)] and config.inplace_buffers
+
+
+def _post_grad_rule(name=None, gated=True):
+    """The backend's post-grad fusion `name` (default BATCH_BMM) with EGG_POST_GRAD's options,
+    without the stacked-elements limit unless `gated`."""
+    from torch._inductor.fx_passes import group_batch_fusion as gbf
+
+    from optimus_egg.baselines import BATCH_BMM, EGG_POST_GRAD, verify_options
+
+    verify_options({}, EGG_POST_GRAD)  # registers the backend's own fusions
+    name = name or BATCH_BMM
+    options = {**gbf.graph_search_options, **EGG_POST_GRAD[name]}
+    if not gated:
+        del options["max_stacked_per_launch"]
+    return gbf.POST_GRAD_FUSIONS[name](graph_search_options=options)
+
+
+def test_batch_bmm_fuses_independent_bmms_of_one_shape_only():
+    """Two independent [3, 4, 5] @ [3, 5, 6] bmms, interleaved (the first one's reader comes
+    before the second one's operand), become one bmm; two of another shape where one reads the
+    other, a batched matrix-vector product (elementwise code on CPU) and an fp64 bmm stay."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.fx_passes.group_batch_fusion import apply_group_batch_fusion
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from optimus_egg.baselines import BATCH_BMM
+
+    def f(a1, b1, a2, sq, v, e, g):
+        p = torch.bmm(a1, b1)
+        u = p * 2
+        r = torch.bmm(a2 - 1, b1)
+        chain = torch.bmm(torch.bmm(sq, sq), sq)
+        return u, r, chain, torch.bmm(v, b1), torch.bmm(e, g)
+
+    torch.manual_seed(0)
+    args = [torch.randn(3, 4, 5), torch.randn(3, 5, 6), torch.randn(3, 4, 5), torch.randn(3, 4, 4),
+            torch.randn(3, 1, 5), torch.randn(3, 4, 5, dtype=torch.float64),
+            torch.randn(3, 5, 6, dtype=torch.float64)]
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    bmms = lambda: [n for n in gm.graph.nodes if n.target == torch.ops.aten.bmm.default]  # noqa: E731
+    assert len(bmms()) == 6
+    counters.clear()
+    apply_group_batch_fusion(gm.graph, _post_grad_rule())
+    gm.graph.lint()
+    gm.recompile()
+    assert counters["inductor"][BATCH_BMM] == 1
+    assert len(bmms()) == 5
+    fused = [n for n in bmms() if n.args[0].target == torch.ops.aten.cat.default]
+    assert len(fused) == 1 and tuple(fused[0].meta["val"].shape) == (6, 4, 6)
+    for got, want in zip(gm(*args), f(*args)):
+        torch.testing.assert_close(got, want)
+
+
+class ExpertStack(nn.Module):
+    """Two layers of per-expert weights applied with bmm: the backward's weight gradients are
+    two independent bmms of one shape."""
+
+    def __init__(self, experts=4, d=16):
+        super().__init__()
+        self.w = nn.ParameterList(nn.Parameter(torch.randn(experts, d, d) / d**0.5) for _ in range(2))
+
+    def forward(self, h):
+        for w in self.w:
+            h = torch.tanh(torch.bmm(h, w))
+        return h
+
+
+def test_backend_batches_the_weight_gradient_bmms_of_a_training_step():
+    """With BATCH_BMM the backward launches one GEMM fewer; values and gradients equal eager's."""
+    from torch._dynamo.utils import counters
+
+    from optimus_egg.baselines import BATCH_BMM, EGG_BACKWARD, EGG_POST_GRAD, post_grad_patches
+    from optimus_egg.measure import compile_inductor
+
+    torch.manual_seed(0)
+    m, x = ExpertStack(), torch.randn(4, 8, 16, requires_grad=True)
+    ref = ExpertStack()
+    ref.load_state_dict(m.state_dict())
+    counters.clear()
+    out = torch.compile(m, backend=optimus_egg.backend(budget_s=2.0, strict=True))(x)
+    expected = ref(x)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    expected.sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert counters["inductor"][BATCH_BMM] >= 1
+
+    gm = torch.fx.symbolic_trace(ref)
+    without = {k: v for k, v in EGG_POST_GRAD.items() if k != BATCH_BMM}
+    launches = [compile_inductor(gm, [x.detach()], training=True, config_patches=post_grad_patches(p),
+                                 backward_config_patches=EGG_BACKWARD).launches.extern
+                for p in (without, EGG_POST_GRAD)]
+    assert launches[1] == launches[0] - 1, launches
+
+
+@pytest.mark.parametrize("op", ["bmm", "mm"])
+def test_post_grad_gemm_batching_stops_at_the_stacked_elements_limit(op):
+    """Two independent GEMMs whose operands hold more than MAX_STACKED_PER_LAUNCH elements per
+    launch a batch would save stay apart under the backend's options and are batched without
+    the limit; two small ones are batched either way. Values are unchanged throughout."""
+    from torch._inductor.fx_passes.group_batch_fusion import apply_group_batch_fusion
+    from torch._inductor.pattern_matcher import stable_topological_sort
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from optimus_egg.baselines import BATCH_BMM, MAX_STACKED_PER_LAUNCH, SAME_DTYPE_BATCH_LINEAR
+
+    gemm = torch.bmm if op == "bmm" else torch.mm
+    name = BATCH_BMM if op == "bmm" else SAME_DTYPE_BATCH_LINEAR
+
+    def f(a, b, c, d):
+        return gemm(a, b) + 1, gemm(torch.relu(c), d)
+
+    def shape(side):  # each GEMM's two operands: 2 * side**2 (* 2 batches) elements
+        return (2, side, side) if op == "bmm" else (side, side)
+
+    big = int((MAX_STACKED_PER_LAUNCH / 2) ** 0.5) + 8  # over the limit, per GEMM already
+    for side, gated, batched in [(big, True, False), (big, False, True), (8, True, True)]:
+        torch.manual_seed(0)
+        args = [torch.randn(shape(side)) for _ in range(4)]
+        gm = make_fx(f, tracing_mode="fake")(*args)
+        apply_group_batch_fusion(gm.graph, _post_grad_rule(name, gated))
+        stable_topological_sort(gm.graph)  # as Inductor does after its post-grad passes
+        gm.recompile()
+        aten = torch.ops.aten  # torch's mm batching calls the overload packet aten.bmm
+        gemms = [n for n in gm.graph.nodes if n.target in (aten.bmm, aten.bmm.default, aten.mm.default)]
+        assert len(gemms) == (1 if batched else 2), (side, gated, gm.code)
+        for got, want in zip(gm(*args), f(*args)):
+            torch.testing.assert_close(got, want)

@@ -51,6 +51,8 @@ __all__ = [
     "OPTIMUS_POST_GRAD",
     "EGG_POST_GRAD",
     "SAME_DTYPE_BATCH_LINEAR",
+    "BATCH_BMM",
+    "MAX_STACKED_PER_LAUNCH",
     "verify_options",
     "capture",
     "prepare",
@@ -127,6 +129,24 @@ OPTIMUS_POST_GRAD: dict[str, dict[str, Any]] = {
 SAME_DTYPE_BATCH_LINEAR = "batch_linear_post_grad_same_dtype"
 _REFINED = {"batch_linear_post_grad": SAME_DTYPE_BATCH_LINEAR}
 
+# optimus_egg's own post-grad fusion: independent aten.bmm nodes of one shape, dtype and device
+# become one bmm over their operands concatenated on the batch dim, each result a slice of it.
+# PyTorch's post-grad passes batch mm / addmm only; the backward of a batch of linears (and of
+# a low-rank mixture of experts) computes one weight gradient per layer as a bmm, and those are
+# independent of each other. A bmm Inductor computes as elementwise code
+# (`launch_cost.elementwise_matmul`) is left alone.
+BATCH_BMM = "batch_bmm_post_grad"
+
+# Both GEMM batchings copy their operands into one stacked tensor. On CPU a launch costs about
+# what copying a few ten thousand elements does, so on CPU the backend batches a group only
+# where it stacks at most MAX_STACKED_PER_LAUNCH operand elements per launch it saves (the
+# option "max_stacked_per_launch"; absent: no limit). Measured in training (README, Design
+# "backward"): without the limit hstu's groups (49,152-163,840 elements per launch) saved 6
+# launches and cost 5.5 % step time. On a GPU a launch outweighs such a copy by far: no limit
+# there (not measured).
+MAX_STACKED_PER_LAUNCH = 32768
+_GATED = {**_BATCH, "max_stacked_per_launch": MAX_STACKED_PER_LAUNCH}
+
 # The post-grad passes the optimus_egg backend (and the bench's optimus_egg and greedy-rules
 # arms) compile with: OPTIMUS_POST_GRAD without the pointwise batching (batch_aten_*). Those
 # stack operands that Inductor then copies: on CPU, training step time, and on wukong a launch;
@@ -145,6 +165,18 @@ EGG_POST_GRAD: dict[str, dict[str, Any]] = {
     _REFINED.get(k, k): v for k, v in OPTIMUS_POST_GRAD.items()
     if not k.startswith("batch_aten_") and k not in _LEFT_OUT
 }
+del EGG_POST_GRAD[SAME_DTYPE_BATCH_LINEAR]
+EGG_POST_GRAD = {SAME_DTYPE_BATCH_LINEAR: dict(_GATED), BATCH_BMM: dict(_GATED), **EGG_POST_GRAD}
+
+
+def _stacks_too_much(fusion, subset: list[fx.Node]) -> bool:
+    """Would batching ``subset`` stack more operand elements per launch saved than the fusion's
+    "max_stacked_per_launch" option allows? The operands are each GEMM's last two arguments."""
+    limit = fusion.graph_search_options.get("max_stacked_per_launch")
+    if limit is None or len(subset) < 2 or subset[0].meta["val"].device.type != "cpu":
+        return False
+    stacked = sum(a.meta["val"].numel() for n in subset for a in n.args[-2:])
+    return stacked > limit * (len(subset) - 1)
 
 
 def _operand_key(node: fx.Node) -> tuple:
@@ -166,6 +198,61 @@ def _register_refined_fusions() -> None:
         def match(self, node: fx.Node):
             key = super().match(node)
             return None if key is None else (*key, *_operand_key(node))
+
+        def fuse(self, graph, subset: list[fx.Node]) -> None:
+            if not _stacks_too_much(self, subset):
+                super().fuse(graph, subset)
+
+    gbf.register_fusion(BATCH_BMM, pre_grad=False)(_batch_bmm_fusion(gbf))
+
+
+def _batch_bmm_fusion(gbf) -> type:
+    """The BATCH_BMM fusion class (see BATCH_BMM), built on torch's BatchFusion."""
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    from optimus_egg.extract.launch_cost import elementwise_matmul
+
+    aten = torch.ops.aten
+
+    class BatchBmm(gbf.BatchFusion):
+        def match(self, node: fx.Node):
+            if node.op != "call_function" or node.target not in (aten.bmm, aten.bmm.default):
+                return None
+            if node.kwargs or len(node.args) != 2:
+                return None
+            vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in node.args]
+            if any(not isinstance(v, torch.Tensor) or v.dim() != 3 for v in vals):
+                return None
+            a, b = (tuple(v.shape) for v in vals)
+            if not all(isinstance(d, int) for d in a + b) or elementwise_matmul(a, b):
+                return None
+            return (BATCH_BMM, a, b, *_operand_key(node))
+
+        def fuse(self, graph: fx.Graph, subset: list[fx.Node]) -> None:
+            if _stacks_too_much(self, subset):
+                return
+            lhs = [n.args[0] for n in subset]
+            rhs = [n.args[1] for n in subset]
+            batch = subset[0].args[0].meta["val"].shape[0]
+            with graph.inserting_before(subset[-1]):
+                cat_a = graph.call_function(aten.cat.default, (lhs, 0))
+                cat_a.meta["val"] = torch.cat([n.meta["val"] for n in lhs], 0)
+                cat_b = graph.call_function(aten.cat.default, (rhs, 0))
+                cat_b.meta["val"] = torch.cat([n.meta["val"] for n in rhs], 0)
+                fused = graph.call_function(aten.bmm.default, (cat_a, cat_b))
+                fused.meta["val"] = torch.bmm(cat_a.meta["val"], cat_b.meta["val"])
+                for i, node in enumerate(subset):
+                    piece = graph.call_function(
+                        aten.slice.Tensor, (fused, 0, i * batch, (i + 1) * batch))
+                    piece.meta.update(node.meta)
+                    node.replace_all_uses_with(piece)
+                    graph.erase_node(node)
+            # The members are independent but may interleave with each other's operands and
+            # readers: put every node after its inputs again (stable otherwise).
+            stable_topological_sort(graph)
+            counters["inductor"][BATCH_BMM] += 1
+
+    return BatchBmm
 
 
 def verify_options(
