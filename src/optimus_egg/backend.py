@@ -11,9 +11,10 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     """A torch.compile backend with options, e.g. torch.compile(m, backend=backend(budget_s=0.5)).
 
     optimus_egg rewrites the graph Dynamo captures, the forward; with `post_grad` (default)
-    Inductor then also runs PyTorch's post-grad Optimus passes in `baselines.EGG_POST_GRAD`
-    (batching of ATen mm ops, split-cat cleanups) on what it compiles, which in
-    training includes the backward graph that optimus_egg never sees. With `kernel_order`
+    Inductor then also runs the post-grad passes in `baselines.EGG_POST_GRAD` (PyTorch's
+    batching of ATen mm ops and split-cat cleanups, optimus_egg's batching of bmm ops; on CPU a
+    GEMM batch only where it copies few elements per launch saved) on what it compiles, which
+    in training includes the backward graph that optimus_egg never sees. With `kernel_order`
     (default) Inductor's scheduler packs a CPU graph's code into fewest C++ kernels
     (`kernel_order.py`; forward and backward). Either way Inductor compiles the backward
     without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug). Other options
