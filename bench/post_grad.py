@@ -18,8 +18,9 @@ thread; launches are deterministic, so one run suffices.
 kernel order, the backward's EGG_BACKWARD) with EGG_POST_GRAD; EGG_POST_GRAD without its limit
 on the elements a GEMM batch stacks per launch saved (MAX_STACKED_PER_LAUNCH); EGG_POST_GRAD plus
 PyTorch's batch_aten_mul; EGG_POST_GRAD without the GEMM batching; without optimus_egg's bmm
-batching (BATCH_BMM); and no post-grad pass, next to plain Inductor and Optimus: launches and the median training step over plain Inductor's, all arms
-timed in one interleaved run ("!" marks values or gradients that differ from eager's).
+batching (BATCH_BMM); and no post-grad pass, next to plain Inductor and Optimus: launches and
+the median training step over plain Inductor's, all arms timed in one interleaved run ("!"
+marks values or gradients that differ from eager's).
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ import torch
 
 from optimus_egg import optimize
 from optimus_egg.baselines import (
-    EGG_BACKWARD,
     BATCH_BMM,
+    EGG_BACKWARD,
     EGG_POST_GRAD,
     OPTIMUS_POST_GRAD,
     SAME_DTYPE_BATCH_LINEAR,

@@ -85,7 +85,7 @@ def test_post_grad_pass_by_pass_end_to_end(capsys):
     assert post_grad.main(["--models", "parallel_mlp", "--pass-by-pass", "--rounds", "2"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     cells = dict(c.split(" ", 1) for c in line.split("  ")[1:])
-    assert set(cells) == {"plain", "optimus", "egg", "egg+mul", "egg-gemm", "egg-none"}, line
+    assert set(cells) == {"plain", "optimus", "egg", "egg-ungated", "egg+mul", "egg-gemm", "egg-bmm", "egg-none"}, line
     launches = {k: int(v.split()[0]) for k, v in cells.items()}
     assert launches["egg"] <= launches["egg-none"] < launches["plain"], line
 
