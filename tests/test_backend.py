@@ -73,6 +73,59 @@ def test_backend_by_name_training_gradients_match_eager(monkeypatch):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda s: f"{name}: {s}")
 
 
+def test_backend_by_name_takes_torch_compiles_mode_and_options(monkeypatch):
+    """torch.compile(backend="optimus_egg", mode=..., options=...): backend keys configure the
+    backend, other keys and the mode's options reach Inductor over optimus_egg's own."""
+    import torch._inductor.compile_fx as cfx
+
+    import optimus_egg.pipeline as pipeline
+
+    budgets, patches = [], []
+    real_optimize, real_compile_fx = pipeline.optimize, cfx.compile_fx
+
+    def spy_optimize(gm, ex, budget_s, **k):
+        budgets.append(budget_s)
+        return real_optimize(gm, ex, budget_s, **k)
+
+    def spy_compile_fx(*a, config_patches=None, **k):
+        patches.append(dict(config_patches or {}))
+        return real_compile_fx(*a, config_patches=config_patches, **k)
+
+    monkeypatch.setattr(pipeline, "optimize", spy_optimize)
+    monkeypatch.setattr(cfx, "compile_fx", spy_compile_fx)
+    torch.manual_seed(0)
+    m, x = Parallel().eval(), torch.randn(8, 96)
+    compiled = torch.compile(m, backend="optimus_egg",
+                             options={"budget_s": 0.5, "kernel_order": False, "epilogue_fusion": False})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), m(x))
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(m, backend="optimus_egg", mode="reduce-overhead")(x), m(x))
+    assert budgets == [0.5, 1.0]
+    by_options, by_mode = [p for p in patches if p]  # compile_fx calls itself without patches
+    assert by_options["epilogue_fusion"] is False  # the user's Inductor option
+    assert "post_grad_fusion_options" in by_options and "_post_fusion_custom_pass" not in by_options
+    assert by_mode["triton.cudagraphs"] is True and "_post_fusion_custom_pass" in by_mode  # the mode's, and ours
+
+
+@pytest.mark.parametrize("kw, problem", [(dict(options={"bogus": 1}), "'bogus'"),
+                                         (dict(options=[("budget_s", 1)]), "must be a dict"),
+                                         (dict(mode="fastest"), "mode=fastest")])
+def test_backend_by_name_names_a_bad_option_or_mode(kw, problem):
+    m, x = Parallel().eval(), torch.randn(8, 96)
+    with pytest.raises(Exception, match=problem) as info:
+        torch.compile(m, backend="optimus_egg", **kw)(x)
+    cause = getattr(info.value, "inner_exception", info.value)  # Dynamo's BackendCompilerFailed wraps it
+    assert isinstance(cause, (TypeError, ValueError)), repr(info.value)
+
+
+def test_backend_rejects_an_unknown_option_when_built():
+    with pytest.raises(TypeError, match="'budget'.*budget_s"):
+        optimus_egg.backend(budget=1.0)
+    with pytest.raises(ValueError, match="'no_such_option'"):
+        optimus_egg.backend(inductor={"no_such_option": 1})
+
+
 @pytest.mark.parametrize("error", ["RuntimeError", "InductorError"])
 @pytest.mark.parametrize("strict", [False, True], ids=["fallback", "strict"])
 def test_backend_compiles_the_unmodified_graph_when_inductor_fails_on_the_optimized_one(monkeypatch, strict, error):

@@ -7,7 +7,13 @@ from collections.abc import Callable
 import torch
 
 
-def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = True, **options) -> Callable:
+# Keywords of `optimize` that `backend` passes on (budget_s is backend's own).
+OPTIMIZE_OPTIONS = ("strict", "disable", "limits", "verify")
+BACKEND_OPTIONS = ("budget_s", "post_grad", "kernel_order", "inductor", *OPTIMIZE_OPTIONS)
+
+
+def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = True,
+            inductor: dict | None = None, **options) -> Callable:
     """A torch.compile backend with options, e.g. torch.compile(m, backend=backend(budget_s=0.5)).
 
     optimus_egg rewrites the graph Dynamo captures, the forward; with `post_grad` (default)
@@ -17,8 +23,10 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     in training includes the backward graph that optimus_egg never sees. With `kernel_order`
     (default) Inductor's scheduler packs a CPU graph's code into fewest C++ kernels
     (`kernel_order.py`; forward and backward). Either way Inductor compiles the backward
-    without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug). Other options
-    go to `optimize`.
+    without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug). `inductor`:
+    Inductor config options (``{"max_autotune": True}``), applied over optimus_egg's. Other
+    options (OPTIMIZE_OPTIONS: strict, disable, limits, verify) go to `optimize`; any other
+    name is a TypeError.
 
     If Inductor fails on the optimized graph, the backend warns and compiles the graph Dynamo
     gave it instead, and if that fails with these Inductor options, that graph without them, as
@@ -27,6 +35,12 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     on it with the options, the backend warns and compiles it again without them (a copy of
     the graph as it was: a pass that raised may have left it half rewritten).
     """
+    unknown = sorted(set(options) - set(OPTIMIZE_OPTIONS))
+    if unknown:
+        raise TypeError(f"optimus_egg.backend: unknown option(s) {', '.join(map(repr, unknown))}; "
+                        f"the options are {', '.join(BACKEND_OPTIONS)}")
+    user = _checked_inductor_options(inductor)
+
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
 
@@ -51,13 +65,15 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
                     raise
                 warnings.warn(f"optimus_egg: Inductor failed on the backward with optimus_egg's Inductor options "
                               f"({type(e).__name__}: {e}); compiling it without them", RuntimeWarning, stacklevel=2)
-            with config.patch(post_grad_fusion_options={}, _post_fusion_custom_pass=None, reorder_for_peak_memory=True):
+            plain = {"post_grad_fusion_options": {}, "_post_fusion_custom_pass": None, "reorder_for_peak_memory": True}
+            with config.patch({**plain, **user}):
                 return compile_inner(original, inputs, **kw)
 
         def inductor(g: torch.fx.GraphModule, with_extras: bool = extras):
             # compile_fx re-applies its config_patches when it compiles the backward later
+            patches = {**(backend_patches(post_grad, kernel_order) if with_extras else {}), **user}
             return compile_fx(g, example_inputs, inner_compile=inner if with_extras else compile_inner,
-                              config_patches=backend_patches(post_grad, kernel_order) if with_extras else None)
+                              config_patches=patches or None)
 
         out = optimize(gm, list(example_inputs), budget_s, **options)
         try:
@@ -93,6 +109,41 @@ def _dynamo_signal(e: Exception) -> bool:
     return isinstance(e, exc.TorchDynamoException) and not isinstance(e, exc.BackendCompilerFailed)
 
 
-def optimus_egg_backend(gm: torch.fx.GraphModule, example_inputs):
-    """Registered as torch.compile(backend="optimus_egg") through the torch_dynamo_backends entry point."""
-    return backend()(gm, example_inputs)
+def _checked_inductor_options(options: dict | None) -> dict:
+    """A copy of `options`, each key an Inductor config option (ValueError naming any other)."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(f"optimus_egg: Inductor options must be a dict, not {type(options).__name__}")
+    from torch._inductor import config
+
+    known = config.get_config_copy()
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise ValueError(f"optimus_egg: {', '.join(map(repr, unknown))}: neither an optimus_egg backend option "
+                         f"({', '.join(BACKEND_OPTIONS)}) nor an Inductor config option")
+    return dict(options)
+
+
+def optimus_egg_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
+                        options: dict | None = None):
+    """Registered as torch.compile(backend="optimus_egg") through the torch_dynamo_backends entry point.
+
+    torch.compile passes its `mode` and `options` here. Keys of `options` that `backend` takes
+    (BACKEND_OPTIONS: ``{"budget_s": 0.5, "post_grad": False}``) go to it; every other key is
+    an Inductor config option, as with ``backend="inductor"`` (ValueError if it is not one).
+    `mode` ("max-autotune", "reduce-overhead", ...) adds Inductor's options for that mode.
+    """
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"optimus_egg: torch.compile options must be a dict, not {type(options).__name__}")
+    options = dict(options or {})
+    ours = {k: options.pop(k) for k in list(options) if k in BACKEND_OPTIONS and k != "inductor"}
+    inductor = dict(options.pop("inductor", None) or {})
+    if mode is not None:
+        from torch._inductor import list_mode_options
+
+        try:
+            inductor = {**list_mode_options(mode), **inductor}
+        except RuntimeError as e:
+            raise ValueError(f"optimus_egg: {e}") from None
+    return backend(**ours, inductor={**inductor, **options} or None)(gm, example_inputs)
