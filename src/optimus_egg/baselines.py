@@ -151,8 +151,8 @@ _GATED = {**_BATCH, "max_stacked_per_launch": MAX_STACKED_PER_LAUNCH}
 # arms) compile with: OPTIMUS_POST_GRAD without the pointwise batching (batch_aten_*). Those
 # stack operands that Inductor then copies: on CPU, training step time, and on wukong a launch;
 # with the CPU kernel order none of them saves a launch on any bench model (batch_aten_mul,
-# the last kept, saved hstu one before it). Measurements: README, Design ("The backward is
-# left to PyTorch's post-grad passes").
+# the last kept, saved hstu one before it). Measurements: bench/HISTORY.md, Design decisions
+# ("The backward is left to post-grad passes").
 # Also left out: select_cat_aten_pass and split_cat_aten_pass. Neither changes a launch count on
 # any bench model (inference or training, measured), and torch 2.13's versions raise IndexError
 # inside Inductor on graphs optimus_egg's rewrites make likelier: select_cat_aten_pass takes every
