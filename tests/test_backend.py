@@ -124,6 +124,10 @@ def test_backend_rejects_an_unknown_option_when_built():
         optimus_egg.backend(budget=1.0)
     with pytest.raises(ValueError, match="'no_such_option'"):
         optimus_egg.backend(inductor={"no_such_option": 1})
+    with pytest.raises(ValueError, match="budget_s must be a finite number"):
+        optimus_egg.backend(budget_s=-1.0)
+    with pytest.raises(ValueError, match="unknown rule families or rules \\['bogus'\\]"):
+        optimus_egg.backend(disable=["bogus"])
 
 
 @pytest.mark.parametrize("error", ["RuntimeError", "InductorError"])

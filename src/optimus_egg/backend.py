@@ -39,6 +39,9 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     if unknown:
         raise TypeError(f"optimus_egg.backend: unknown option(s) {', '.join(map(repr, unknown))}; "
                         f"the options are {', '.join(BACKEND_OPTIONS)}")
+    from optimus_egg.pipeline import check_budget_and_disable
+
+    check_budget_and_disable(budget_s, options.get("disable", ()))
     user = _checked_inductor_options(inductor)
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):

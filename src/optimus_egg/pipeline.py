@@ -90,6 +90,11 @@ def _check_args(gm, example_inputs, budget_s, disable) -> None:
         raise TypeError(f"optimize expects a torch.fx.GraphModule, got {type(gm).__name__}; {hint}")
     if not isinstance(example_inputs, (list, tuple)):
         raise TypeError(f"example_inputs must be a list or tuple of tensors, got {type(example_inputs).__name__}")
+    check_budget_and_disable(budget_s, disable)
+
+
+def check_budget_and_disable(budget_s, disable) -> None:
+    """TypeError / ValueError naming a bad `budget_s` or `disable` (optimize's, the backend's)."""
     if isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real):
         raise TypeError(f"budget_s must be a number of seconds, got {type(budget_s).__name__}")
     if not math.isfinite(budget_s) or budget_s < 0:
