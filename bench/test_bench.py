@@ -137,6 +137,19 @@ def test_regions_script_end_to_end(capsys):
     assert out.count("values and grads match") == 2 and egg < plain, out
 
 
+@pytest.mark.parametrize("op", ["mm", "bmm"])
+def test_stack_limit_probe_batches_two_gemms(op):
+    """bench/stack_limit.py's probe: the batch fires (one extern call fewer), values equal
+    the graph's (checked inside), and where the operands are written by their producers the
+    batch saves a launch; a time ratio comes back."""
+    import stack_limit
+
+    stacked, batched, apart, ratio = stack_limit.probe(op, True, 16, rounds=2)
+    lead = stack_limit.EXPERTS if op == "bmm" else 1
+    assert stacked == lead * 2 * 16 * (stack_limit.M + stack_limit.N)
+    assert batched == apart - 1 and ratio > 0
+
+
 @pytest.mark.parametrize("train", [False, True])
 def test_differential_script_end_to_end(capsys, train):
     """bench/differential.py on a few programs, every one compiled, PyTorch's Optimus too:
