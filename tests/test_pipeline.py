@@ -55,6 +55,19 @@ def test_report_fields_and_str(optimized):
     assert "batch-linear" in text and "stopped by" in text
 
 
+def test_optimize_logs_its_report_at_info(mlp, caplog):
+    """The report also goes to the "optimus_egg" logger: how a torch.compile user sees it."""
+    import logging
+
+    gm, inputs = mlp
+    with caplog.at_level(logging.INFO, logger="optimus_egg"):
+        out = optimus_egg.optimize(gm, inputs, budget_s=5.0, strict=True)
+    (record,) = [r for r in caplog.records if r.name.startswith("optimus_egg")]
+    assert record.levelno == logging.INFO
+    assert f"graph of {len(gm.graph.nodes)} FX nodes" in record.getMessage()
+    assert str(out.meta["optimus_egg"]) in record.getMessage()
+
+
 def test_the_fusion_estimate_keeps_the_input_when_it_predicts_more_launches(mlp, monkeypatch):
     """optimize()'s last check: an estimate (stubbed here) that predicts more launches for the
     result than for the input keeps the input, and the report says why."""

@@ -8,6 +8,7 @@ extraction finds nothing cheaper, the input graph is returned unchanged.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import numbers
 import time
@@ -31,6 +32,9 @@ from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
 from optimus_egg.shapes import check_inputs
 from optimus_egg.to_fx import graph_module, prepare, to_fx
+
+# The report of every optimize() call at INFO (how to see it through torch.compile).
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -244,6 +248,7 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
         result = _copy(gm)
     report.timings["total"] = time.perf_counter() - start
     result.meta["optimus_egg"] = report
+    log.info("graph of %d FX nodes: %s", len(gm.graph.nodes), report)
     return result
 
 
