@@ -13,9 +13,10 @@ operand kinds: "copied" (graph inputs: the batch adds copy code, as for a saved 
 and "written" (each operand a tanh of an input: its producer writes it into the stack).
 Each probe is compiled twice (on CPU with the kernel order), with the batching and no limit,
 and with no post-grad pass, and both are timed in one interleaved run (one torch thread).
-Printed per probe: E, launches batched / apart, and the median time batched / apart; the
-last line names the largest E at which the batch was not more than 2 % slower, per kind.
-Timings are this machine's: rerun where the limit matters.
+Printed per probe: E, launches batched / apart, the median time batched / apart, the median
+time apart and the difference in microseconds; the last line names the largest E at which the
+batch was not more than 2 % slower, per kind. Timings are this machine's: rerun where the limit
+matters.
 """
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ class TwoGemms(torch.nn.Module):
         return self.gemm(a0, b0), self.gemm(a1, b1)
 
 
-def probe(op: str, written: bool, k: int, rounds: int, device: str = "cpu") -> tuple[int, int, int, float]:
-    """(E, launches batched, launches apart, median time batched / apart)."""
+def probe(op: str, written: bool, k: int, rounds: int, device: str = "cpu") -> tuple[int, int, int, float, float]:
+    """(E, launches batched, launches apart, median time batched / apart, median ms apart)."""
     lead = (EXPERTS,) if op == "bmm" else ()
     g = torch.Generator().manual_seed(k)
     inputs = [torch.randn(*lead, *shape, generator=g).to(device) for shape in ((M, k), (k, N)) * 2]
@@ -64,7 +65,7 @@ def probe(op: str, written: bool, k: int, rounds: int, device: str = "cpu") -> t
     for got, want in zip(batched.fn(*inputs), gm(*inputs)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     t = interleaved_medians({"batched": batched.fn, "apart": apart.fn}, inputs, rounds=rounds)
-    return stacked, batched.launches.total, apart.launches.total, t["batched"] / t["apart"]
+    return stacked, batched.launches.total, apart.launches.total, t["batched"] / t["apart"], t["apart"]
 
 
 def main() -> None:
@@ -76,15 +77,16 @@ def main() -> None:
     check_device(args.device)
     rows = [int(r) for r in args.rows.split(",")]
     best: dict[str, int] = {}
-    print(f"{'op':4} {'operands':8} {'k':>5} {'E':>8}  launches batched/apart  time batched/apart")
+    print(f"{'op':4} {'operands':8} {'k':>5} {'E':>8}  launches batched/apart  time batched/apart"
+          f"  us apart  us batched - apart")
     with one_thread():
         for op in ("mm", "bmm"):
             for written in (False, True):
                 kind = f"{op} {'written' if written else 'copied'}"
                 for k in rows:
-                    e, lb, la, ratio = probe(op, written, k, args.rounds, args.device)
-                    print(f"{op:4} {'written' if written else 'copied':8} {k:5d} {e:8d}  {lb:8d} / {la:<8d}    {ratio:.3f}",
-                          flush=True)
+                    e, lb, la, ratio, ms = probe(op, written, k, args.rounds, args.device)
+                    print(f"{op:4} {'written' if written else 'copied':8} {k:5d} {e:8d}  {lb:8d} / {la:<8d}    "
+                          f"{ratio:15.3f}  {ms * 1e3:8.1f}  {(ratio - 1) * ms * 1e3:18.1f}", flush=True)
                     if ratio <= TOLERANCE:
                         best[kind] = max(best.get(kind, 0), e)
     print(f"MAX_STACKED_PER_LAUNCH = {MAX_STACKED_PER_LAUNCH}; largest E with the batch at most "

@@ -144,10 +144,10 @@ def test_stack_limit_probe_batches_two_gemms(op):
     batch saves a launch; a time ratio comes back."""
     import stack_limit
 
-    stacked, batched, apart, ratio = stack_limit.probe(op, True, 16, rounds=2)
+    stacked, batched, apart, ratio, ms = stack_limit.probe(op, True, 16, rounds=2)
     lead = stack_limit.EXPERTS if op == "bmm" else 1
     assert stacked == lead * 2 * 16 * (stack_limit.M + stack_limit.N)
-    assert batched == apart - 1 and ratio > 0
+    assert batched == apart - 1 and ratio > 0 and ms > 0
 
 
 @pytest.mark.parametrize("train", [False, True])
