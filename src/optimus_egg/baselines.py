@@ -137,13 +137,16 @@ _REFINED = {"batch_linear_post_grad": SAME_DTYPE_BATCH_LINEAR}
 # (`launch_cost.elementwise_matmul`) is left alone.
 BATCH_BMM = "batch_bmm_post_grad"
 
-# Both GEMM batchings copy their operands into one stacked tensor. On CPU a launch costs about
-# what copying a few ten thousand elements does, so on CPU the backend batches a group only
-# where it stacks at most MAX_STACKED_PER_LAUNCH operand elements per launch it saves (the
-# option "max_stacked_per_launch"; absent: no limit). Measured in training (README, Design
-# "backward"): without the limit hstu's groups (49,152-163,840 elements per launch) saved 6
-# launches and cost 5.4 % step time (1.070 x plain Inductor against 1.015 x). On a GPU a launch outweighs such a copy by far: no limit
-# there (not measured).
+# Both GEMM batchings stack their members' operands. On this CPU a batch never ran faster than
+# its members apart (bench/stack_limit.py: operands copied into the stack save no launch and
+# take ~1.3 x the time at every size; operands written there by their producers save one launch
+# at 1.12 x down to 1.005 x as the GEMMs grow), so on CPU the backend trades step time for
+# launches, the objective, and bounds the trade: it batches a group only where it stacks at
+# most MAX_STACKED_PER_LAUNCH operand elements per launch it saves (the option
+# "max_stacked_per_launch"; absent: no limit). Set on the bench models in training (README,
+# Design "backward"): without the limit hstu's groups (49,152-163,840 elements per launch)
+# saved 6 launches and cost 5.4 % step time (1.070 x plain Inductor against 1.015 x). On a GPU,
+# where a launch costs a fixed few microseconds, no limit (not measured there).
 MAX_STACKED_PER_LAUNCH = 32768
 _GATED = {**_BATCH, "max_stacked_per_launch": MAX_STACKED_PER_LAUNCH}
 
