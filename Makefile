@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine; each sets up its own virtual environment.
-#   make compare   optimize the built-in model; compare with plain Inductor and PyTorch's Optimus
+#   make compare   optimize a built-in model (dcn_v2); compare with plain Inductor and PyTorch's Optimus
 #   make test      run the test suite (long sweeps are marked slow: make test-all runs them)
 PY ?= python3
 VENV := .venv
@@ -23,6 +23,6 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -q tests --runslow
 
 compare: $(STAMP)
-	$(BIN)/optimus-egg compare
+	$(BIN)/optimus-egg compare --model dcn_v2
 
 .PHONY: setup test test-all compare
