@@ -21,6 +21,7 @@ EXPECTED_NAMES = {
     "masknet",
     "interformer",
     "hstu",
+    "mmoe",
     "illustrative",
     "illustrative_1k",
     "illustrative_10k",

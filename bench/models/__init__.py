@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import dcn_v2, dhen, dlrm, hstu, interformer, masknet, parallel_mlp, wukong
+from . import dcn_v2, dhen, dlrm, hstu, interformer, masknet, mmoe, parallel_mlp, wukong
 from .generator import fx_node_count, illustrative, illustrative_1k, illustrative_10k
 
 Factory = Callable[..., "tuple[nn.Module, tuple[torch.Tensor, ...]]"]
@@ -32,6 +32,7 @@ MODELS: dict[str, Factory] = {
     "masknet": masknet.make,
     "interformer": interformer.make,
     "hstu": hstu.make,
+    "mmoe": mmoe.make,
     "illustrative": illustrative,
     "illustrative_1k": illustrative_1k,
     "illustrative_10k": illustrative_10k,
