@@ -25,7 +25,7 @@ import argparse
 import torch
 from torch import fx
 
-from optimus_egg.baselines import _BATCH, BATCH_BMM, MAX_STACKED_PER_LAUNCH, SAME_DTYPE_BATCH_LINEAR, post_grad_patches
+from optimus_egg.baselines import BATCH_BMM, EGG_POST_GRAD, MAX_STACKED_PER_LAUNCH, SAME_DTYPE_BATCH_LINEAR, post_grad_patches
 from optimus_egg.bench import DEVICES, check_device, one_thread
 from optimus_egg.kernel_order import KERNEL_ORDER
 from optimus_egg.measure import compile_inductor, interleaved_medians
@@ -58,7 +58,8 @@ def probe(op: str, written: bool, k: int, rounds: int, device: str = "cpu") -> t
     stacked = sum(t.numel() for t in inputs)  # two members, one launch saved
     gm = fx.symbolic_trace(TwoGemms(op, written))
     fusion = BATCH_BMM if op == "bmm" else SAME_DTYPE_BATCH_LINEAR
-    batched = compile_inductor(gm, inputs, config_patches={**post_grad_patches({fusion: dict(_BATCH)}), **KERNEL_ORDER})
+    ungated = {o: x for o, x in EGG_POST_GRAD[fusion].items() if o != "max_stacked_per_launch"}
+    batched = compile_inductor(gm, inputs, config_patches={**post_grad_patches({fusion: ungated}), **KERNEL_ORDER})
     apart = compile_inductor(gm, inputs, config_patches=KERNEL_ORDER)
     if batched.launches.extern != apart.launches.extern - 1:
         raise RuntimeError(f"{op} k={k}: the batching did not fire ({batched.launches} vs {apart.launches})")

@@ -139,9 +139,8 @@ def optimus_egg_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str |
     """
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"optimus_egg: torch.compile options must be a dict, not {type(options).__name__}")
-    options = dict(options or {})
-    ours = {k: options.pop(k) for k in list(options) if k in BACKEND_OPTIONS and k != "inductor"}
-    inductor = dict(options.pop("inductor", None) or {})
+    ours = {k: v for k, v in (options or {}).items() if k in BACKEND_OPTIONS}
+    inductor = {k: v for k, v in (options or {}).items() if k not in BACKEND_OPTIONS}
     if mode is not None:
         from torch._inductor import list_mode_options
 
@@ -149,4 +148,5 @@ def optimus_egg_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str |
             inductor = {**list_mode_options(mode), **inductor}
         except RuntimeError as e:
             raise ValueError(f"optimus_egg: {e}") from None
-    return backend(**ours, inductor={**inductor, **options} or None)(gm, example_inputs)
+    inductor.update(_checked_inductor_options(ours.pop("inductor", None)))
+    return backend(**ours, inductor=inductor or None)(gm, example_inputs)
