@@ -25,7 +25,7 @@ from optimus_egg import baselines, measure
 from optimus_egg import pipeline as pipeline_module
 from optimus_egg.shapes import size_symbols
 
-MODELS = ["parallel_mlp", "dcn_v2", "wukong", "dhen", "masknet", "interformer", "hstu", "illustrative"]
+MODELS = ["parallel_mlp", "dcn_v2", "wukong", "dhen", "masknet", "interformer", "hstu", "mmoe", "illustrative"]
 
 
 def rows(x: torch.Tensor, n: int) -> torch.Tensor:

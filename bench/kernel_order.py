@@ -1,6 +1,6 @@
 """What the CPU kernel order (src/optimus_egg/kernel_order.py) adds: launches with and without it.
 
-    python bench/kernel_order.py                               # 9 bench models, inference and training
+    python bench/kernel_order.py                               # the bench models, inference and training
     python bench/kernel_order.py --models dhen,hstu --train    # training only
 
 The optimus_egg backend (and the bench's optimus_egg arms) compile with Inductor's post-grad
@@ -17,7 +17,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-MODELS = ["parallel_mlp", "dlrm", "dcn_v2", "wukong", "dhen", "masknet", "interformer", "hstu", "illustrative"]
+
+def default_models() -> list[str]:
+    """The bench's models, illustrative standing for illustrative_1k (one of a family)."""
+    from optimus_egg.bench import default_models as bench_models, family_of
+
+    return list(dict.fromkeys(family_of(m) for m in bench_models()))
 ARMS = ["inductor", "optimus", "optimus_egg"]
 
 
@@ -50,7 +55,7 @@ def run(name: str, train: bool) -> tuple[dict[str, tuple[int, int]], bool]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default=",".join(default_models()))
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--train", action="store_true", help="training only")
     mode.add_argument("--infer", action="store_true", help="inference only")

@@ -1,6 +1,6 @@
 """What the post-grad Optimus passes add to optimus_egg: launches with and without them.
 
-    python bench/post_grad.py                              # the 8 bench models, training and inference
+    python bench/post_grad.py                              # the bench models but illustrative, training and inference
     python bench/post_grad.py --models dhen,hstu --train   # training only
     python bench/post_grad.py --pass-by-pass [--rounds 60] # training: launches and step time per pass set
 
@@ -40,11 +40,12 @@ from optimus_egg.baselines import (
     inductor_with_optimus,
     post_grad_patches,
 )
-from optimus_egg.bench import _train_step, matches_eager, one_thread, traced_with_reference
+from optimus_egg.bench import _train_step, default_models, family_of, matches_eager, one_thread, traced_with_reference
 from optimus_egg.kernel_order import KERNEL_ORDER
 from optimus_egg.measure import compile_inductor, interleaved_medians
 
-MODELS = ["parallel_mlp", "dlrm", "dcn_v2", "wukong", "dhen", "masknet", "interformer", "hstu"]
+# The bench's models but the illustrative family (its graphs take the longest to compile).
+MODELS = [m for m in default_models() if family_of(m) != "illustrative"]
 
 
 def run(name: str, train: bool) -> bool:

@@ -562,7 +562,8 @@ def make_input(prog):
     if prog["special"]:
         # Eager F.gelu(+inf) is nan on a contiguous input and inf on a strided one (its vector and
         # scalar kernels differ), so a rewrite that changes a layout changes it: no reference.
-        assume("gelu" not in repr(prog["steps"]))
+        if "gelu" in repr(prog["steps"]):
+            assume(False)  # (a call, not assume(cond): explicit tests reach here too, outside @given)
         flat = x.view(-1)
         picks = torch.randint(0, flat.numel(), (3,), generator=g)
         flat[picks[0]], flat[picks[1]], flat[picks[2]] = float("nan"), float("inf"), float("-inf")
