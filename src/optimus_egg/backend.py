@@ -19,8 +19,9 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     optimus_egg rewrites the graph Dynamo captures, the forward; with `post_grad` (default)
     Inductor then also runs the post-grad passes in `baselines.EGG_POST_GRAD` (PyTorch's
     batching of ATen mm ops and split-cat cleanups, optimus_egg's batching of bmm ops; on CPU a
-    GEMM batch only where it copies few elements per launch saved) on what it compiles, which
-    in training includes the backward graph that optimus_egg never sees. With `kernel_order`
+    GEMM batch only where it copies few elements per launch saved) and then writes small CPU
+    GEMMs as loops it fuses (`gemm_loops.py`), on what it compiles, which in training includes
+    the backward graph that optimus_egg never sees. With `kernel_order`
     (default) Inductor's scheduler packs a CPU graph's code into fewest C++ kernels
     (`kernel_order.py`; forward and backward). Either way Inductor compiles the backward
     without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug). `inductor`:
@@ -68,7 +69,8 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
                     raise
                 warnings.warn(f"optimus_egg: Inductor failed on the backward with optimus_egg's Inductor options "
                               f"({type(e).__name__}: {e}); compiling it without them", RuntimeWarning, stacklevel=2)
-            plain = {"post_grad_fusion_options": {}, "_post_fusion_custom_pass": None, "reorder_for_peak_memory": True}
+            plain = {"post_grad_fusion_options": {}, "post_grad_custom_post_pass": None,
+                     "_post_fusion_custom_pass": None, "reorder_for_peak_memory": True}
             with config.patch({**plain, **user}):
                 return compile_inner(original, inputs, **kw)
 

@@ -527,12 +527,15 @@ def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order
 
 
 def backend_patches(post_grad: bool = True, kernel_order: bool = True) -> dict[str, Any]:
-    """The Inductor config the optimus_egg backend compiles with: the post-grad passes
-    EGG_POST_GRAD (with `post_grad`) and the CPU kernel order (`kernel_order.KERNEL_ORDER`,
-    with `kernel_order`); they apply to the backward graph too."""
+    """The Inductor config the optimus_egg backend compiles with: with `post_grad` the post-grad
+    passes EGG_POST_GRAD and then small GEMMs as loops (`gemm_loops.GEMM_LOOPS`), with
+    `kernel_order` the CPU kernel order (`kernel_order.KERNEL_ORDER`); they apply to the
+    backward graph too."""
+    from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
 
-    return {**(post_grad_patches(EGG_POST_GRAD) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {})}
+    grad = {**post_grad_patches(EGG_POST_GRAD), "post_grad_custom_post_pass": GEMM_LOOPS} if post_grad else {}
+    return {**grad, **(KERNEL_ORDER if kernel_order else {})}
 
 
 def post_grad_patches(passes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:

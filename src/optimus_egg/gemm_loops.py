@@ -1,0 +1,107 @@
+"""Small GEMMs as loops: an Inductor post-grad pass the optimus_egg backend compiles CPU graphs with.
+
+On CPU Inductor calls every mm / addmm / bmm / baddbmm as an extern kernel (MKL), one launch
+each, except the few it decomposes itself (a dot or small outer product; `launch_cost.
+elementwise_matmul`). A small GEMM is cheaper written as what it is, a broadcast multiply and a
+sum over K, which Inductor generates as C++ code and fuses with the elementwise ops and
+reductions around it: the launch goes, and with it the call overhead that dominates a GEMM
+of a few thousand multiply-adds. This pass rewrites, in the ATen graph Inductor compiles
+(forward and backward, after the post-grad batching), each GEMM of at most MAX_MACS
+multiply-adds whose operands are float32 / float64 CPU tensors of static shape; beta and
+alpha must be 1. Every other GEMM stays an extern call.
+
+MAX_MACS was measured on the bench models (1 torch thread, optimus_egg's graphs, 60-80
+interleaved rounds, step time relative to the same graph without the pass): up to 65,536
+multiply-adds no model ran slower (inference 0.89-1.00 x, training 0.98-1.01 x) while launches
+fell (dcn_v2 24 -> 17, mmoe 9 -> 5, interformer 37 -> 32); at 131,072 illustrative's chained
+[64, 64] x [64, 64] layers ran 1.15 x slower (2 launches instead of 13) and wukong 1.03 x.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import torch
+from torch import fx
+from torch._dynamo.utils import counters
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+MAX_MACS = 65536
+COUNTER = "gemm_as_loops"
+_DTYPES = (torch.float32, torch.float64)
+
+aten = torch.ops.aten
+# target -> (index of the first GEMM operand, whether a bias comes first)
+_GEMMS = {aten.mm.default: 0, aten.bmm.default: 0, aten.addmm.default: 1, aten.baddbmm.default: 1}
+
+
+def _val(a):
+    return a.meta.get("val") if isinstance(a, fx.Node) else None
+
+
+def _small(node: fx.Node, max_macs: int) -> bool:
+    """Is `node` a GEMM this pass rewrites?"""
+    first = _GEMMS.get(node.target)
+    if first is None or len(node.args) != first + 2:
+        return False
+    if any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")) or set(node.kwargs) - {"beta", "alpha"}:
+        return False
+    vals = [_val(a) for a in node.args]
+    if any(not isinstance(v, torch.Tensor) for v in vals):
+        return False
+    a, b = vals[first], vals[first + 1]
+    if {a.dtype, b.dtype, *(v.dtype for v in vals)} - set(_DTYPES) or len({v.dtype for v in vals}) != 1:
+        return False
+    if any(v.device.type != "cpu" for v in vals):
+        return False
+    dims = (*a.shape, b.shape[-1])
+    if not all(isinstance(d, int) for d in dims):
+        return False
+    return math.prod(dims) <= max_macs
+
+
+def _call(graph: fx.Graph, target, args: tuple) -> fx.Node:
+    node = graph.call_function(target, args)
+    node.meta["val"] = target(*(_val(a) if isinstance(a, fx.Node) else a for a in args))
+    return node
+
+
+def rewrite(graph: fx.Graph, max_macs: int = MAX_MACS) -> int:
+    """Rewrite each small GEMM of `graph` as multiply + sum (module doc); returns how many."""
+    done = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not _small(node, max_macs):
+            continue
+        first = _GEMMS[node.target]
+        a, b = node.args[first], node.args[first + 1]
+        k = _val(a).dim() - 1  # the K dim of a; b's K dim is k - 1
+        with graph.inserting_before(node):
+            prod = _call(graph, aten.mul.Tensor, (_call(graph, aten.unsqueeze.default, (a, k + 1)),
+                                                  _call(graph, aten.unsqueeze.default, (b, k - 1))))
+            out = _call(graph, aten.sum.dim_IntList, (prod, [k]))
+            if first:
+                out = _call(graph, aten.add.Tensor, (out, node.args[0]))
+        out.meta.update({key: v for key, v in node.meta.items() if key != "val"})
+        node.replace_all_uses_with(out)
+        graph.erase_node(node)
+        done += 1
+    counters["inductor"][COUNTER] += done
+    return done
+
+
+class GemmLoops(CustomGraphPass):
+    """`rewrite` as an Inductor post_grad_custom_post_pass (its uuid keys Inductor's cache)."""
+
+    def __init__(self, max_macs: int = MAX_MACS):
+        self.max_macs = max_macs
+
+    def __call__(self, graph: fx.Graph) -> None:
+        rewrite(graph, self.max_macs)
+
+    def uuid(self) -> str:
+        source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        return f"optimus_egg.gemm_loops:{self.max_macs}:{source}"
+
+
+GEMM_LOOPS = GemmLoops()
