@@ -1,16 +1,19 @@
-"""What the CPU kernel order (src/optimus_egg/kernel_order.py) adds: launches with and without it.
+"""What the backend's CPU code generation choices add: the kernel order (src/optimus_egg/kernel_order.py)
+and small GEMMs as loops (src/optimus_egg/gemm_loops.py); launches with and without them.
 
     python bench/kernel_order.py                               # the bench models, inference and training
     python bench/kernel_order.py --models dhen,hstu --train    # training only
 
 The optimus_egg backend (and the bench's optimus_egg arms) compile with Inductor's post-grad
-passes (baselines.EGG_POST_GRAD) and the kernel order, an Inductor scheduler pass that packs a
-CPU graph's code into the fewest C++ kernels. The pass is not a graph rewrite: it would help
-any graph. So this prints, per model, the launches of each arm with and without it: plain
-Inductor, Inductor + Optimus (its post-grad passes in training, as the bench's Optimus arm),
-and optimus_egg at 1 s (one optimized graph, compiled both ways), and whether each compiled
-graph's values (and, in training, every parameter's gradient) equal eager's. Totals at the
-end. One torch thread; launches are deterministic, so one run suffices.
+passes (baselines.EGG_POST_GRAD), then small GEMMs as loops, and the kernel order, an Inductor
+scheduler pass that packs a CPU graph's code into the fewest C++ kernels. Neither the order
+nor the loops are a search over rewrites: they would help any graph. So this prints, per
+model, the launches of each arm compiled three ways: with neither, with the kernel order,
+with the order and the GEMM loops: plain Inductor, Inductor + Optimus (its post-grad passes
+in training, as the bench's Optimus arm), and optimus_egg at 1 s (one optimized graph, with
+EGG_POST_GRAD's batching all three ways), and whether each compiled graph's values (and, in
+training, every parameter's gradient) equal eager's. Totals at the end. One torch thread;
+launches are deterministic, so one run suffices.
 """
 from __future__ import annotations
 
@@ -26,11 +29,15 @@ def default_models() -> list[str]:
 ARMS = ["inductor", "optimus", "optimus_egg"]
 
 
-def run(name: str, train: bool) -> tuple[dict[str, tuple[int, int]], bool]:
-    """{arm: (launches without the kernel order, with it)}, and whether all values matched."""
+WAYS = ["neither", "order", "order+loops"]
+
+
+def run(name: str, train: bool) -> tuple[dict[str, list[int]], bool]:
+    """{arm: launches compiled each of WAYS}, and whether all values matched."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles, inductor_with_optimus
     from optimus_egg.bench import matches_eager, one_thread, traced_with_reference
+    from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
     from optimus_egg.measure import compile_inductor
 
@@ -40,16 +47,19 @@ def run(name: str, train: bool) -> tuple[dict[str, tuple[int, int]], bool]:
         graphs = {"inductor": gm, "optimus": inductor_with_optimus(gm, list(inputs), post_grad=train), "optimus_egg": egg}
         counts, ok = {}, True
         for arm, g in graphs.items():
-            pair = []
-            for on in (False, True):
-                if arm == "optimus_egg":  # the backend's config, the order toggled
-                    as_backend_compiles(g, kernel_order=on)
+            counts[arm] = []
+            for way in WAYS:
+                order = way != "neither"
+                loops = {"post_grad_custom_post_pass": GEMM_LOOPS if way == "order+loops" else None}
+                if arm == "optimus_egg":  # the backend's config, the order and the loops toggled
+                    as_backend_compiles(g, kernel_order=order)
+                    patches = loops
+                else:
+                    patches = {**KERNEL_ORDER, **loops} if order else None
                 # (the forward's config applies to the backward, compiled inside compile_inductor)
-                c = compile_inductor(g, inputs, training=train,
-                                     config_patches=KERNEL_ORDER if on and arm != "optimus_egg" else None)
+                c = compile_inductor(g, inputs, training=train, config_patches=patches)
                 ok &= matches_eager(c.fn, inputs, params, expected, expected_grads, train)
-                pair.append(c.launches.total)
-            counts[arm] = (pair[0], pair[1])
+                counts[arm].append(c.launches.total)
         return counts, ok
 
 
@@ -63,23 +73,25 @@ def main(argv: list[str] | None = None) -> int:
     modes = [True] if args.train else [False] if args.infer else [False, True]
     totals: dict[tuple[bool, str], list[int]] = {}
     ok = True
-    print(f"{'model':<13} {'mode':<5}  " + "  ".join(f"{a + ' without -> with':>26}" for a in ARMS) + "  values")
+    print(f"{'model':<13} {'mode':<5}  " + "  ".join(f"{a + ': ' + ' / '.join(WAYS):>36}" for a in ARMS) + "  values")
     for train in modes:
         for name in args.models.split(","):
             counts, match = run(name, train)
             ok &= match
             cells = []
             for arm in ARMS:
-                t = totals.setdefault((train, arm), [0, 0])
-                t[0], t[1] = t[0] + counts[arm][0], t[1] + counts[arm][1]
-                cells.append(f"{counts[arm][0]:>19} -> {counts[arm][1]:>3}")
+                t = totals.setdefault((train, arm), [0] * len(WAYS))
+                t[:] = [a + b for a, b in zip(t, counts[arm])]
+                cells.append(f"{' / '.join(f'{c:>3}' for c in counts[arm]):>36}")
             print(f"{name:<13} {'train' if train else 'infer':<5}  " + "  ".join(cells)
                   + f"  {'match' if match else 'VALUES DIFFER'}", flush=True)
     for train in modes:
         t = {a: totals[(train, a)] for a in ARMS}
-        print(f"total {'train' if train else 'infer'}: " + ", ".join(f"{a} {t[a][0]} -> {t[a][1]}" for a in ARMS)
-              + f"; optimus_egg with the order / Optimus without it {t['optimus_egg'][1] / t['optimus'][0]:.2f}"
-              + f", / Optimus with it {t['optimus_egg'][1] / t['optimus'][1]:.2f}")
+        egg, opt = t["optimus_egg"][-1], t["optimus"]
+        print(f"total {'train' if train else 'infer'} ({' / '.join(WAYS)}): "
+              + ", ".join(f"{a} {' / '.join(map(str, t[a]))}" for a in ARMS)
+              + f"; optimus_egg as the backend compiles / Optimus with neither {egg / opt[0]:.2f}"
+              + f", / Optimus with the order {egg / opt[1]:.2f}, / Optimus with both {egg / opt[2]:.2f}")
     return 0 if ok else 1
 
 

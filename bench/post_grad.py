@@ -14,11 +14,12 @@ arm with and without them (the bench's Optimus arm runs them in training only), 
 Inductor with and without them (what the post-grad passes do alone). One torch
 thread; launches are deterministic, so one run suffices.
 
---pass-by-pass (training): the optimus_egg arm compiled as the backend compiles it (the CPU
-kernel order, the backward's EGG_BACKWARD) with EGG_POST_GRAD; EGG_POST_GRAD without its limit
+--pass-by-pass (training): the optimus_egg arm compiled with the CPU kernel order and the
+backward's EGG_BACKWARD, as the backend compiles it, with EGG_POST_GRAD; EGG_POST_GRAD without its limit
 on the elements a GEMM batch stacks per launch saved (MAX_STACKED_PER_LAUNCH); EGG_POST_GRAD plus
 PyTorch's batch_aten_mul; EGG_POST_GRAD without the GEMM batching; without optimus_egg's bmm
-batching (BATCH_BMM); and no post-grad pass, next to plain Inductor and Optimus: launches and
+batching (BATCH_BMM); no post-grad pass; and EGG_POST_GRAD then small GEMMs as loops
+(gemm_loops.py: the backend's whole config, "backend"), next to plain Inductor and Optimus: launches and
 the median training step over plain Inductor's, all arms timed in one interleaved run ("!"
 marks values or gradients that differ from eager's).
 """
@@ -37,6 +38,7 @@ from optimus_egg.baselines import (
     OPTIMUS_POST_GRAD,
     SAME_DTYPE_BATCH_LINEAR,
     as_backend_compiles,
+    backend_patches,
     inductor_with_optimus,
     post_grad_patches,
 )
@@ -87,6 +89,9 @@ def pass_by_pass(name: str, rounds: int) -> bool:
         for label, passes in pass_sets.items():
             arms[label] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,
                                            config_patches={**(post_grad_patches(passes) if passes else {}), **KERNEL_ORDER})
+        # as the backend compiles: "egg" and then small GEMMs as loops (gemm_loops.py)
+        arms["backend"] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,
+                                           config_patches=backend_patches())
         ok = {label: matches_eager(c.fn, inputs, params, expected, expected_grads, True) for label, c in arms.items()}
         steps = {label: _train_step(c.fn, list(params.values())) for label, c in arms.items()}
         ms = interleaved_medians(steps, inputs, rounds=rounds)
