@@ -22,10 +22,9 @@ may stop at another iteration than the measured run did. A second figure uses th
 own pred_launches column: the whole-graph estimate with Inductor's fusion
 (extract/fusion_cost.py) evaluated on each arm's output graph, Optimus's included; a third
 ("now") that estimate as it is now, against each arm's graph compiled here with the CPU
-kernel order (src/optimus_egg/kernel_order.py), as the backend compiles but with every GEMM
-an extern call (the backend's small GEMMs as loops, gemm_loops.py, are not in the estimate),
-which is what the estimate predicts ("ordered"), and against the bench's measured launches (the
-kernel order and the GEMM loops in the optimus_egg arms only). Spearman is computed with numpy (scipy is not installed):
+kernel order (src/optimus_egg/kernel_order.py), as the backend compiles, which is what the
+estimate predicts ("ordered"), and against the bench's measured launches (the kernel order in
+the optimus_egg arms only). Spearman is computed with numpy (scipy is not installed):
 Pearson correlation of average ranks.
 """
 from __future__ import annotations
@@ -152,10 +151,8 @@ def part2(models: list[str]) -> None:
             pred = math.nan  # Optimus's graph has no optimize() report
             graph = inductor_with_optimus(gm, inputs, post_grad=False)
         measured = float(r["launches"])
-        # the estimate predicts launches as the backend compiles but for its small GEMMs as
-        # loops (gemm_loops.py, not modelled): with the kernel order, GEMMs as extern calls
-        ordered = float(compile_inductor(graph, inputs, config_patches={
-            **KERNEL_ORDER, "post_grad_custom_post_pass": None}).launches.total)
+        # the estimate predicts launches as the backend compiles: with the kernel order
+        ordered = float(compile_inductor(graph, inputs, config_patches=KERNEL_ORDER).launches.total)
         col = float(r["pred_launches"]) if r.get("pred_launches") not in (None, "", "nan") else math.nan
         now = predicted_launches(graph, inputs)  # the fusion estimate as it is now, on the arm's graph
         if not math.isnan(pred):
@@ -179,9 +176,9 @@ def part2(models: list[str]) -> None:
           f"n={len(pairs_col)}: "
           f"{rho_col:.3f}")
     print(f"Spearman(now = the fusion-aware estimate recomputed on each arm's graph, ordered = its launches "
-          f"compiled with the kernel order, GEMMs extern), every arm incl. Optimus, n={len(pairs_now)}: "
+          f"compiled with the kernel order, as the backend compiles), every arm incl. Optimus, n={len(pairs_now)}: "
           f"{rho_now:.3f} (exact on {sum(p == m for p, m in pairs_now)})")
-    print(f"Spearman(now, measured = the bench's launches, the kernel order and GEMM loops in the optimus_egg arms only), "
+    print(f"Spearman(now, measured = the bench's launches, the kernel order in the optimus_egg arms only), "
           f"n={len(pairs_plain)}: {rho_plain:.3f} (exact on {sum(p == m for p, m in pairs_plain)})")
     print("within each model (arms only; nan = all arms tie): "
           + ", ".join(f"{m} {v:.2f}" for m, v in within.items())

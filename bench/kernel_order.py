@@ -5,9 +5,9 @@ and small GEMMs as loops (src/optimus_egg/gemm_loops.py); launches with and with
     python bench/kernel_order.py --models dhen,hstu --train    # training only
 
 The optimus_egg backend (and the bench's optimus_egg arms) compile with Inductor's post-grad
-passes (baselines.EGG_POST_GRAD), then small GEMMs as loops, and the kernel order, an Inductor
-scheduler pass that packs a CPU graph's code into the fewest C++ kernels. Neither the order
-nor the loops are a search over rewrites: they would help any graph. So this prints, per
+passes (baselines.EGG_POST_GRAD) and the kernel order, an Inductor scheduler pass that packs a
+CPU graph's code into the fewest C++ kernels; `backend(gemm_loops=True)` adds small GEMMs as
+loops. Neither the order nor the loops are a search over rewrites: they would help any graph. So this prints, per
 model, the launches of each arm compiled three ways: with neither, with the kernel order,
 with the order and the GEMM loops: plain Inductor, Inductor + Optimus (its post-grad passes
 in training, as the bench's Optimus arm), and optimus_egg at 1 s (one optimized graph, with
@@ -51,7 +51,7 @@ def run(name: str, train: bool) -> tuple[dict[str, list[int]], bool]:
             for way in WAYS:
                 order = way != "neither"
                 loops = {"post_grad_custom_post_pass": GEMM_LOOPS if way == "order+loops" else None}
-                if arm == "optimus_egg":  # the backend's config, the order and the loops toggled
+                if arm == "optimus_egg":  # the backend's config, the order toggled, the loops added
                     as_backend_compiles(g, kernel_order=order)
                     patches = loops
                 else:

@@ -19,7 +19,7 @@ backward's EGG_BACKWARD, as the backend compiles it, with EGG_POST_GRAD; EGG_POS
 on the elements a GEMM batch stacks per launch saved (MAX_STACKED_PER_LAUNCH); EGG_POST_GRAD plus
 PyTorch's batch_aten_mul; EGG_POST_GRAD without the GEMM batching; without optimus_egg's bmm
 batching (BATCH_BMM); no post-grad pass; and EGG_POST_GRAD then small GEMMs as loops
-(gemm_loops.py: the backend's whole config, "backend"), next to plain Inductor and Optimus: launches and
+(gemm_loops.py: `backend(gemm_loops=True)`, "loops"), next to plain Inductor and Optimus: launches and
 the median training step over plain Inductor's, all arms timed in one interleaved run ("!"
 marks values or gradients that differ from eager's).
 """
@@ -89,9 +89,9 @@ def pass_by_pass(name: str, rounds: int) -> bool:
         for label, passes in pass_sets.items():
             arms[label] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,
                                            config_patches={**(post_grad_patches(passes) if passes else {}), **KERNEL_ORDER})
-        # as the backend compiles: "egg" and then small GEMMs as loops (gemm_loops.py)
-        arms["backend"] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,
-                                           config_patches=backend_patches())
+        # "egg" and then small GEMMs as loops (gemm_loops.py, the backend's opt-in gemm_loops)
+        arms["loops"] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,
+                                         config_patches=backend_patches(gemm_loops=True))
         ok = {label: matches_eager(c.fn, inputs, params, expected, expected_grads, True) for label, c in arms.items()}
         steps = {label: _train_step(c.fn, list(params.values())) for label, c in arms.items()}
         ms = interleaved_medians(steps, inputs, rounds=rounds)

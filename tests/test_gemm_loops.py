@@ -81,12 +81,12 @@ def test_backend_compile_launches_fewer_with_the_same_values(training):
     if training:
         expected.sum().backward()
         grads = [p.grad.clone() for p in model.parameters()]
-    without = {**backend_patches(), "post_grad_custom_post_pass": None}
+    without = backend_patches()
     counters["inductor"][gemm_loops.COUNTER] = 0
     plain = compile_inductor(gm, [x], training=training, config_patches=without)
     assert counters["inductor"][gemm_loops.COUNTER] == 0
     model.zero_grad()
-    loops = compile_inductor(gm, [x], training=training, config_patches=backend_patches())
+    loops = compile_inductor(gm, [x], training=training, config_patches=backend_patches(gemm_loops=True))
     assert counters["inductor"][gemm_loops.COUNTER] > 0
     assert loops.launches.extern < plain.launches.extern
     assert loops.launches.total < plain.launches.total
@@ -102,3 +102,20 @@ def test_backend_compile_launches_fewer_with_the_same_values(training):
 def test_pass_has_a_stable_cache_key():
     assert gemm_loops.GemmLoops().uuid() == gemm_loops.GEMM_LOOPS.uuid()
     assert gemm_loops.GemmLoops(1024).uuid() != gemm_loops.GEMM_LOOPS.uuid()
+
+
+def test_backend_takes_gemm_loops_as_an_option():
+    """torch.compile(backend="optimus_egg", options={"gemm_loops": True}): the pass runs (off by
+    default) and the values are eager's."""
+    torch.manual_seed(0)
+    model, x = _Experts().eval(), torch.randn(32, 16)
+    with torch.no_grad():
+        expected = model(x)
+        fired = {}
+        for on in (False, True):
+            torch._dynamo.reset()
+            counters["inductor"][gemm_loops.COUNTER] = 0
+            got = torch.compile(model, backend="optimus_egg", options={"gemm_loops": on})(x)
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+            fired[on] = counters["inductor"][gemm_loops.COUNTER]
+    assert fired[False] == 0 and fired[True] > 0, fired

@@ -9,21 +9,22 @@ import torch
 
 # Keywords of `optimize` that `backend` passes on (budget_s is backend's own).
 OPTIMIZE_OPTIONS = ("strict", "disable", "limits", "verify")
-BACKEND_OPTIONS = ("budget_s", "post_grad", "kernel_order", "inductor", *OPTIMIZE_OPTIONS)
+BACKEND_OPTIONS = ("budget_s", "post_grad", "kernel_order", "gemm_loops", "inductor", *OPTIMIZE_OPTIONS)
 
 
 def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = True,
-            inductor: dict | None = None, **options) -> Callable:
+            gemm_loops: bool = False, inductor: dict | None = None, **options) -> Callable:
     """A torch.compile backend with options, e.g. torch.compile(m, backend=backend(budget_s=0.5)).
 
     optimus_egg rewrites the graph Dynamo captures, the forward; with `post_grad` (default)
     Inductor then also runs the post-grad passes in `baselines.EGG_POST_GRAD` (PyTorch's
     batching of ATen mm ops and split-cat cleanups, optimus_egg's batching of bmm ops; on CPU a
-    GEMM batch only where it copies few elements per launch saved) and then writes small CPU
-    GEMMs as loops it fuses (`gemm_loops.py`), on what it compiles, which in training includes
-    the backward graph that optimus_egg never sees. With `kernel_order`
+    GEMM batch only where it copies few elements per launch saved) on what it compiles, which
+    in training includes the backward graph that optimus_egg never sees. With `kernel_order`
     (default) Inductor's scheduler packs a CPU graph's code into fewest C++ kernels
-    (`kernel_order.py`; forward and backward). Either way Inductor compiles the backward
+    (`kernel_order.py`; forward and backward). With `gemm_loops` (opt-in) Inductor writes
+    small CPU GEMMs as loops it fuses with their neighbours (`gemm_loops.py`; forward and
+    backward). Either way Inductor compiles the backward
     without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug). `inductor`:
     Inductor config options (``{"max_autotune": True}``), applied over optimus_egg's. Other
     options (OPTIMIZE_OPTIONS: strict, disable, limits, verify) go to `optimize`; any other
@@ -52,7 +53,7 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
         from optimus_egg.pipeline import optimize
 
         compile_inner = backward_patched(EGG_BACKWARD)
-        extras = post_grad or kernel_order  # Inductor options beyond plain torch.compile's
+        extras = post_grad or kernel_order or gemm_loops  # Inductor options beyond plain torch.compile's
 
         def inner(g: torch.fx.GraphModule, inputs, **kw):
             if not (kw.get("is_backward") and extras) or options.get("strict"):
@@ -76,7 +77,7 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
 
         def inductor(g: torch.fx.GraphModule, with_extras: bool = extras):
             # compile_fx re-applies its config_patches when it compiles the backward later
-            patches = {**(backend_patches(post_grad, kernel_order) if with_extras else {}), **user}
+            patches = {**(backend_patches(post_grad, kernel_order, gemm_loops) if with_extras else {}), **user}
             return compile_fx(g, example_inputs, inner_compile=inner if with_extras else compile_inner,
                               config_patches=patches or None)
 

@@ -517,25 +517,26 @@ def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None =
     return compile_inner
 
 
-def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order: bool = True) -> fx.GraphModule:
+def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order: bool = True,
+                        gemm_loops: bool = False) -> fx.GraphModule:
     """Mark `gm` (optimize()'s result) so that measure.compile_inductor compiles it as the
-    backend does: `backend_patches(post_grad, kernel_order)`, EGG_BACKWARD for the backward
-    graph."""
-    gm.meta["inductor_config_patches"] = backend_patches(post_grad, kernel_order)
+    backend does: `backend_patches(post_grad, kernel_order, gemm_loops)`, EGG_BACKWARD for the
+    backward graph."""
+    gm.meta["inductor_config_patches"] = backend_patches(post_grad, kernel_order, gemm_loops)
     gm.meta["inductor_backward_config_patches"] = EGG_BACKWARD
     return gm
 
 
-def backend_patches(post_grad: bool = True, kernel_order: bool = True) -> dict[str, Any]:
+def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loops: bool = False) -> dict[str, Any]:
     """The Inductor config the optimus_egg backend compiles with: with `post_grad` the post-grad
-    passes EGG_POST_GRAD and then small GEMMs as loops (`gemm_loops.GEMM_LOOPS`), with
-    `kernel_order` the CPU kernel order (`kernel_order.KERNEL_ORDER`); they apply to the
-    backward graph too."""
+    passes EGG_POST_GRAD, with `kernel_order` the CPU kernel order (`kernel_order.KERNEL_ORDER`),
+    with `gemm_loops` (opt-in) small GEMMs as loops after any post-grad batching
+    (`gemm_loops.GEMM_LOOPS`); they apply to the backward graph too."""
     from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
 
-    grad = {**post_grad_patches(EGG_POST_GRAD), "post_grad_custom_post_pass": GEMM_LOOPS} if post_grad else {}
-    return {**grad, **(KERNEL_ORDER if kernel_order else {})}
+    return {**(post_grad_patches(EGG_POST_GRAD) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
+            **({"post_grad_custom_post_pass": GEMM_LOOPS} if gemm_loops else {})}
 
 
 def post_grad_patches(passes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -347,6 +347,7 @@ def run_model(
     quiet: bool = False,
     model_kw: dict | None = None,
     device: str = "cpu",
+    gemm_loops: bool = False,
 ) -> list[dict]:
     """Run model ``name`` under every arm, one process, and return one row per arm.
 
@@ -355,7 +356,8 @@ def run_model(
     cost model's prediction (``pred_launches``) for each arm's graph. Progress goes to
     ``out`` (default: sys.stdout at call time) unless ``quiet``. ``device`` is "cpu" or
     "cuda" (ValueError when CUDA is not available); on cuda each arm's timed call is also
-    profiled (``profiled_launches``).
+    profiled (``profiled_launches``). ``gemm_loops`` compiles the optimus_egg and greedy-rules
+    arms as ``backend(gemm_loops=True)`` does.
     """
     from optimus_egg import measure
     from optimus_egg.ablation import rewrite_greedily
@@ -409,12 +411,12 @@ def run_model(
             for b in budgets:
                 t = time.perf_counter()
                 egg = optimize(gm, inputs, budget_s=b)
-                as_backend_compiles(egg)
+                as_backend_compiles(egg, gemm_loops=gemm_loops)
                 plan.append(_Arm(egg_arm(b), _budget_label(b), egg, time.perf_counter() - t,
                                  report=egg.meta["optimus_egg"]))
         if GREEDY_RULES in wanted:
             greedy = rewrite_greedily(gm, inputs)
-            as_backend_compiles(greedy)
+            as_backend_compiles(greedy, gemm_loops=gemm_loops)
             rep = greedy.meta["optimus_egg_greedy"]
             plan.append(_Arm(GREEDY_RULES, "", greedy, rep.seconds, report=rep))
 

@@ -76,7 +76,7 @@ def compare(model: str, budgets: list[float], train: bool, rounds: int, plot: st
 
 
 def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int, big: bool,
-              results_dir: str, readme: str | None, out=None, device: str = "cpu") -> int:
+              results_dir: str, readme: str | None, out=None, device: str = "cpu", gemm_loops: bool = False) -> int:
     from optimus_egg import bench
 
     out = out or sys.stdout
@@ -85,7 +85,8 @@ def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int,
     for i, name in enumerate(models, 1):
         print(f"\n=== [{i}/{len(models)}] {name} ({'train' if train else 'infer'}, {device}) ===", file=out, flush=True)
         try:
-            rows = bench.run_model(name, budgets, train=train, rounds=rounds, out=out, device=device)
+            rows = bench.run_model(name, budgets, train=train, rounds=rounds, out=out, device=device,
+                                   gemm_loops=gemm_loops)
         except Exception as e:  # noqa: BLE001 - one broken model must not sink the whole table
             print(f"  FAILED: {type(e).__name__}: {e}", file=out, flush=True)
             failed.append(f"{name}: {type(e).__name__}: {e}")
@@ -146,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--results-dir", default="bench/results", metavar="DIR")
     b.add_argument("--readme", default="README.md", help="file holding the bench markers (default README.md)")
     b.add_argument("--no-readme", action="store_true", help="do not touch the README")
+    b.add_argument("--gemm-loops", action="store_true",
+                   help="compile the optimus_egg and greedy-rules arms with backend(gemm_loops=True)")
     b.add_argument("--device", choices=DEVICES, default="cpu",
                    help="compile and time on this device (default cpu; cuda: Triton, plus torch.profiler "
                         "counts, results in <model>[_train]_cuda.csv)")
@@ -166,4 +169,4 @@ def main(argv: list[str] | None = None) -> int:
         p.error("bench: give --all or --models a,b")
     models = args.models or default_models()
     return run_bench(models, args.budgets, args.train, args.rounds, args.big, args.results_dir,
-                     None if args.no_readme else args.readme, device=args.device)
+                     None if args.no_readme else args.readme, device=args.device, gemm_loops=args.gemm_loops)

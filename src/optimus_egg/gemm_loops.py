@@ -1,20 +1,23 @@
-"""Small GEMMs as loops: an Inductor post-grad pass the optimus_egg backend compiles CPU graphs with.
+"""Small GEMMs as loops: an opt-in Inductor post-grad pass (`backend(gemm_loops=True)`).
 
 On CPU Inductor calls every mm / addmm / bmm / baddbmm as an extern kernel (MKL), one launch
 each, except the few it decomposes itself (a dot or small outer product; `launch_cost.
-elementwise_matmul`). A small GEMM is cheaper written as what it is, a broadcast multiply and a
-sum over K, which Inductor generates as C++ code and fuses with the elementwise ops and
-reductions around it: the launch goes, and with it the call overhead that dominates a GEMM
-of a few thousand multiply-adds. This pass rewrites, in the ATen graph Inductor compiles
-(forward and backward, after the post-grad batching), each GEMM of at most MAX_MACS
-multiply-adds whose operands are float32 / float64 CPU tensors of static shape; beta and
-alpha must be 1. Every other GEMM stays an extern call.
+elementwise_matmul`), and each call splits the C++ code around it into two kernels. A small
+GEMM is cheaper written as what it is, a broadcast multiply and a sum over K, which Inductor
+generates as C++ code and fuses with its neighbours: the launch goes, and with it the call
+overhead that dominates a GEMM of a few thousand multiply-adds. This pass rewrites, in the
+ATen graph Inductor compiles (forward and backward, after any post-grad batching), each GEMM
+of at most MAX_MACS multiply-adds whose operands are float32 / float64 CPU tensors of static
+shape, beta and alpha 1. Every other GEMM stays an extern call.
 
-MAX_MACS was measured on the bench models (1 torch thread, optimus_egg's graphs, 60-80
-interleaved rounds, step time relative to the same graph without the pass): up to 65,536
-multiply-adds no model ran slower (inference 0.89-1.00 x, training 0.98-1.01 x) while launches
-fell (dcn_v2 24 -> 17, mmoe 9 -> 5, interformer 37 -> 32); at 131,072 illustrative's chained
-[64, 64] x [64, 64] layers ran 1.15 x slower (2 launches instead of 13) and wukong 1.03 x.
+MAX_MACS is measured: on optimus_egg's graphs of the bench models (1 torch thread, 60-80
+interleaved rounds, step time against the same graph with every GEMM extern) no model ran
+slower up to 65,536 multiply-adds (inference 0.89-1.00 x, training 0.98-1.01 x), while at
+131,072 illustrative's chained [64, 64] x [64, 64] layers ran 1.15 x slower and wukong 1.03 x.
+
+It is opt-in because the search does not know it: the cost model prices every GEMM as a launch,
+so the search batches small GEMMs into ones past MAX_MACS that stay calls, and with the pass on
+every arm the input graph can launch fewer kernels than optimus_egg's (README, Targets).
 """
 from __future__ import annotations
 
