@@ -35,7 +35,7 @@ COUNTER = "gemm_as_loops"
 _DTYPES = (torch.float32, torch.float64)
 
 aten = torch.ops.aten
-# target -> (index of the first GEMM operand, whether a bias comes first)
+# target -> index of its first GEMM operand (1 where a bias comes first)
 _GEMMS = {aten.mm.default: 0, aten.bmm.default: 0, aten.addmm.default: 1, aten.baddbmm.default: 1}
 
 
@@ -54,7 +54,8 @@ def _small(node: fx.Node, max_macs: int) -> bool:
     if any(not isinstance(v, torch.Tensor) for v in vals):
         return False
     a, b = vals[first], vals[first + 1]
-    if {a.dtype, b.dtype, *(v.dtype for v in vals)} - set(_DTYPES) or len({v.dtype for v in vals}) != 1:
+    dtypes = {v.dtype for v in vals}
+    if len(dtypes) != 1 or dtypes.pop() not in _DTYPES:
         return False
     if any(v.device.type != "cpu" for v in vals):
         return False
@@ -85,7 +86,8 @@ def rewrite(graph: fx.Graph, max_macs: int = MAX_MACS) -> int:
             out = _call(graph, aten.sum.dim_IntList, (prod, [k]))
             if first:
                 out = _call(graph, aten.add.Tensor, (out, node.args[0]))
-        out.meta.update({key: v for key, v in node.meta.items() if key != "val"})
+        # provenance only: the GEMM's tensor_meta (strides) need not hold for the sum
+        out.meta.update({key: node.meta[key] for key in ("stack_trace", "nn_module_stack", "seq_nr") if key in node.meta})
         node.replace_all_uses_with(out)
         graph.erase_node(node)
         done += 1
