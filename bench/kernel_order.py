@@ -7,13 +7,13 @@ and small GEMMs as loops (src/optimus_egg/gemm_loops.py); launches with and with
 The optimus_egg backend (and the bench's optimus_egg arms) compile with Inductor's post-grad
 passes (baselines.EGG_POST_GRAD) and the kernel order, an Inductor scheduler pass that packs a
 CPU graph's code into the fewest C++ kernels; `backend(gemm_loops=True)` adds small GEMMs as
-loops. Neither the order nor the loops are a search over rewrites: they would help any graph. So this prints, per
-model, the launches of each arm compiled three ways: with neither, with the kernel order,
-with the order and the GEMM loops: plain Inductor, Inductor + Optimus (its post-grad passes
-in training, as the bench's Optimus arm), and optimus_egg at 1 s (one optimized graph, with
-EGG_POST_GRAD's batching all three ways), and whether each compiled graph's values (and, in
-training, every parameter's gradient) equal eager's. Totals at the end. One torch thread;
-launches are deterministic, so one run suffices.
+loops. Neither the order nor the loops are a search over rewrites: they would help any graph.
+So this prints, per model, the launches of each arm compiled three ways: with neither, with
+the kernel order, with the order and the GEMM loops: plain Inductor, Inductor + Optimus (its
+post-grad passes in training, as the bench's Optimus arm), and optimus_egg at 1 s (one
+optimized graph, with EGG_POST_GRAD's batching all three ways), and whether each compiled
+graph's values (and, in training, every parameter's gradient) equal eager's. Totals at the
+end. One torch thread; launches are deterministic, so one run suffices.
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def default_models() -> list[str]:
     from optimus_egg.bench import default_models as bench_models, family_of
 
     return list(dict.fromkeys(family_of(m) for m in bench_models()))
+
+
 ARMS = ["inductor", "optimus", "optimus_egg"]
-
-
 WAYS = ["neither", "order", "order+loops"]
 
 
