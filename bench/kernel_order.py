@@ -44,6 +44,7 @@ def run(name: str, train: bool) -> tuple[dict[str, list[int]], bool]:
     with one_thread():
         model, inputs, gm, params, expected, expected_grads = traced_with_reference(name, train)
         egg = optimize(gm, list(inputs), budget_s=1.0)
+        egg_loops = optimize(gm, list(inputs), budget_s=1.0, gemm_loops=True)  # priced for the loops
         graphs = {"inductor": gm, "optimus": inductor_with_optimus(gm, list(inputs), post_grad=train), "optimus_egg": egg}
         counts, ok = {}, True
         for arm, g in graphs.items():
@@ -52,8 +53,9 @@ def run(name: str, train: bool) -> tuple[dict[str, list[int]], bool]:
                 order = way != "neither"
                 loops = {"post_grad_custom_post_pass": GEMM_LOOPS if way == "order+loops" else None}
                 if arm == "optimus_egg":  # the backend's config, the order toggled, the loops added
-                    as_backend_compiles(g, kernel_order=order)
-                    patches = loops
+                    g = egg_loops if way == "order+loops" else egg
+                    as_backend_compiles(g, kernel_order=order, gemm_loops=way == "order+loops")
+                    patches = None
                 else:
                     patches = {**KERNEL_ORDER, **loops} if order else None
                 # (the forward's config applies to the backward, compiled inside compile_inductor)

@@ -17,10 +17,15 @@ Equal launch counts are told apart by work (work.py), added by pipeline.node_cos
 The prices are data, one table per target (`TABLES`). Only "cpu" is measured; no GPU has been
 available to calibrate a "cuda" table (`python bench/calibrate.py --device cuda` prints the
 probes), so graphs on a GPU are priced with the CPU table and the optimize report says so.
+"cpu_loops" is the CPU target compiled with small GEMMs as loops (src/optimus_egg/gemm_loops.py,
+`optimize(..., gemm_loops=True)`): the same prices, but a GEMM of at most gemm_loops.MAX_MACS
+multiply-adds is elementwise code there, like Inductor's own small decompositions below.
 """
 from __future__ import annotations
 
 import math
+
+from optimus_egg.gemm_loops import MAX_MACS
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
         "reshape"}  # as a template reshape (VIEW_TARGETS); it copies only where strides allow no view
@@ -28,6 +33,8 @@ FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unfla
 TABLES: dict[str, dict[str, float]] = {
     "cpu": {"gemm": 1.0, "reduction": 1.0, "elementwise": 0.5, "copy": 0.25},
 }
+LOOPS = "cpu_loops"  # the CPU target with small GEMMs as loops: CPU prices, loops_gemm below
+TABLES[LOOPS] = dict(TABLES["cpu"])
 # The kind of each constructor with a price; flatten copies when its input is not contiguous.
 KIND = {"linear": "gemm", "batched_linear": "gemm", "layer_norm": "reduction", "batched_layer_norm": "reduction",
         "cat": "copy", "stack": "copy", "flatten": "copy", "unary": "elementwise", "binary": "elementwise"}
@@ -44,15 +51,24 @@ REDUCTION_TARGETS = {"sum", "mean", "softmax", "log_softmax", "amax", "max", "mi
                      "batched_layer_norm"}
 
 
-def table_for(device_type: str) -> str:
-    """The name of the table that prices graphs on `device_type` ("cpu", "cuda", ...)."""
-    return device_type if device_type in TABLES else "cpu"
+def table_for(device_type: str, gemm_loops: bool = False) -> str:
+    """The name of the table that prices graphs on `device_type` ("cpu", "cuda", ...), compiled
+    with small GEMMs as loops if `gemm_loops` (a CPU-only pass: other devices ignore it)."""
+    if device_type == "cpu" and gemm_loops:
+        return LOOPS
+    return device_type if device_type in TABLES and device_type != LOOPS else "cpu"
 
 
-def table_of(inputs) -> str:
+def table_of(inputs, gemm_loops: bool = False) -> str:
     """The table for a graph run on `inputs`: their device's, "cpu" where they are on several."""
     devices = {x.device.type for x in inputs if hasattr(x, "device") and hasattr(x, "dtype")}
-    return table_for(devices.pop() if len(devices) == 1 else "cpu")
+    return table_for(devices.pop() if len(devices) == 1 else "cpu", gemm_loops)
+
+
+def loops_gemm(macs: float, table: str) -> bool:
+    """Is a GEMM of `macs` multiply-adds one the target writes as loops (gemm_loops.py)? Shapes
+    with a symbolic dim (priced as huge) never are."""
+    return table == LOOPS and macs <= MAX_MACS
 
 
 def launch_cost(op: str, target_name: str | None = None, table: str = "cpu") -> float:
@@ -81,7 +97,11 @@ SMALL_ADDMM = 16
 
 def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bias: bool, table: str = "cpu") -> bool:
     """Is linear(x, w, bias) one Inductor computes as elementwise code on this target?"""
-    if table != "cpu" or not bias or not x or not w or len(w) != 2:
+    if not x or not w or len(w) != 2:
+        return False
+    if loops_gemm(math.prod(x) * w[0], table):
+        return True
+    if table not in ("cpu", LOOPS) or not bias:
         return False
     return math.prod(x[:-1]) == 1 and w[0] <= SMALL_ADDMM and w[1] <= SMALL_ADDMM
 
@@ -92,8 +112,12 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
     ([M, 1] @ [1, N], at most 32 elements in) into multiplies and a sum; its bmm lowering does
     the same for every batched matrix-vector product ([B, 1, K] @ [B, K, N] or
     [B, M, K] @ [B, K, 1], any size) and its decomposition for a batch of outer products
-    ([B, M, 1] @ [B, 1, N])."""
-    if table != "cpu" or not a or not b or len(a) != len(b) or len(a) not in (2, 3):
+    ([B, M, 1] @ [B, 1, N]). With the loops (LOOPS) every product of at most MAX_MACS
+    multiply-adds is, whose second operand is a matrix or has the first's batch dims."""
+    if a and b and len(a) >= 2 and len(b) >= 2 and (len(b) == 2 or tuple(a[:-2]) == tuple(b[:-2])):
+        if loops_gemm(math.prod(a) * b[-1], table):
+            return True
+    if table not in ("cpu", LOOPS) or not a or not b or len(a) != len(b) or len(a) not in (2, 3):
         return False
     if len(a) == 3:
         return a[1] == 1 or b[2] == 1 or (a[2] == 1 and b[1] == 1)
@@ -106,7 +130,11 @@ def elementwise_batched_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | N
                                table: str = "cpu") -> bool:
     """Is batched_linear(x [G, *, K], w [G, O, K]) one the target computes as elementwise code?
     Without a bias it is one bmm of [G, M, K] @ [G, K, O] (M the product of x's middle dims,
-    ops.batched_linear); with one, a baddbmm, which Inductor always calls."""
-    if bias or not x or not w or len(x) < 2 or len(w) != 3:
+    ops.batched_linear); with one, a baddbmm, which Inductor calls unless the loops write it."""
+    if not x or not w or len(x) < 2 or len(w) != 3:
+        return False
+    if loops_gemm(math.prod(x) * w[1], table):
+        return True
+    if bias:
         return False
     return elementwise_matmul((x[0], math.prod(x[1:-1]), x[-1]), (w[0], w[2], w[1]), table)

@@ -119,3 +119,92 @@ def test_backend_takes_gemm_loops_as_an_option():
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
             fired[on] = counters["inductor"][gemm_loops.COUNTER]
     assert fired[False] == 0 and fired[True] > 0, fired
+
+
+def test_loops_table_prices_gemms_up_to_the_limit_as_code():
+    """launch_cost.LOOPS: a GEMM of at most MAX_MACS multiply-adds is elementwise code there,
+    on the CPU table it launches (unless Inductor's own decompositions apply)."""
+    from optimus_egg.extract import launch_cost as lc
+
+    assert lc.table_for("cpu", gemm_loops=True) == lc.LOOPS
+    assert lc.table_for("cuda", gemm_loops=True) == "cpu"  # CPU-only pass; no GPU table
+    assert lc.table_of([torch.zeros(1)], gemm_loops=True) == lc.LOOPS
+    assert lc.table_of([torch.zeros(1)]) == "cpu"
+    at_limit = (gemm_loops.MAX_MACS // (16 * 16), 16)  # x [M, 16] @ w.T [16, 16]: MAX_MACS exactly
+    over = (at_limit[0] + 1, 16)
+    for bias in (False, True):
+        assert lc.elementwise_linear(at_limit, (16, 16), bias, lc.LOOPS)
+        assert not lc.elementwise_linear(over, (16, 16), bias, lc.LOOPS)
+        assert not lc.elementwise_linear(at_limit, (16, 16), bias, "cpu")
+        assert lc.elementwise_batched_linear((4, 8, 16), (4, 16, 16), bias, lc.LOOPS)
+        assert not lc.elementwise_batched_linear((4, 8, 16), (4, 16, 16), bias, "cpu")
+    assert lc.elementwise_matmul((4, 64, 16), (4, 16, 16), lc.LOOPS)       # bmm of 65,536
+    assert not lc.elementwise_matmul((4, 64, 16), (4, 16, 17), lc.LOOPS)
+    assert lc.elementwise_matmul((2, 32, 16), (16, 16), lc.LOOPS)           # folded to one mm
+    assert not lc.elementwise_matmul((2, 32, 16), (3, 16, 16), lc.LOOPS)    # batch dims differ
+    assert not lc.elementwise_matmul((4, 64, 16), (4, 16, 16), "cpu")
+
+
+class _Wide(nn.Module):
+    """Four linears reading one input (one wide GEMM for the search), summed."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        return sum(torch.relu(e(x)) for e in self.experts)
+
+
+@pytest.mark.parametrize("rows,d,batched_with_loops", [(32, 16, False), (64, 128, True)])
+def test_search_priced_for_the_loops_leaves_their_gemms_unbatched(rows, d, batched_with_loops):
+    """optimize(gemm_loops=True) does not batch GEMMs the loops write as code (32 x 16 x 16
+    each), which the CPU table batches into one wide GEMM; GEMMs past the limit (64 x 128 x
+    128) it batches either way. Values equal the input graph's every time."""
+    from optimus_egg import optimize
+    from optimus_egg.testing import fired
+
+    torch.manual_seed(0)
+    gm, x = fx.symbolic_trace(_Wide(d).eval()), torch.randn(rows, d)
+    with torch.no_grad():
+        expected = gm(x)
+        for loops, want in ((False, True), (True, batched_with_loops)):
+            out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=loops)
+            report = out.meta["optimus_egg"]
+            assert report.cost_table == ("cpu_loops" if loops else "cpu")
+            assert fired(report, "batch-linear-lhs") is want, (loops, report)
+            linears = sum(n.target is torch._C._nn.linear or n.op == "call_module" for n in out.graph.nodes)
+            assert linears == (1 if want else 4)
+            torch.testing.assert_close(out(x), expected)
+
+
+def test_optimize_rejects_a_gemm_loops_that_is_not_a_bool():
+    from optimus_egg import optimize
+
+    gm = fx.symbolic_trace(_Wide(4))
+    with pytest.raises(TypeError, match="gemm_loops"):
+        optimize(gm, [torch.randn(2, 4)], gemm_loops="yes")
+
+
+def test_post_grad_batching_leaves_the_loops_gemms_alone():
+    """In training the backward's four weight gradients ([16, 32] @ [32, 16]) are batched by
+    the backend's post-grad passes, but not where the loops write each of them as code: there
+    the batch would be one call in place of code fused with its neighbours. Gradients equal
+    eager's either way."""
+    torch.manual_seed(0)
+    model, x = _Experts().train(), torch.randn(32, 16)
+    gm = fx.symbolic_trace(model)
+    model(x).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    batched, launches = {}, {}
+    for loops in (False, True):
+        counters["inductor"].clear()
+        c = compile_inductor(gm, [x], training=True, config_patches=backend_patches(gemm_loops=loops))
+        model.zero_grad()  # (compiling ran a backward)
+        c.fn(x).sum().backward()
+        for p, want in zip(model.parameters(), grads):
+            torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-5)
+        batched[loops] = counters["inductor"]["batch_linear_post_grad"]  # the fusion's counter
+        launches[loops] = c.launches.total
+    assert batched[False] > 0 and batched[True] == 0, batched
+    assert launches[True] < launches[False], launches

@@ -81,7 +81,7 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
             return compile_fx(g, example_inputs, inner_compile=inner if with_extras else compile_inner,
                               config_patches=patches or None)
 
-        out = optimize(gm, list(example_inputs), budget_s, **options)
+        out = optimize(gm, list(example_inputs), budget_s, gemm_loops=gemm_loops, **options)
         try:
             return inductor(out)
         except Exception as e:

@@ -50,6 +50,7 @@ __all__ = [
     "OPTIMUS_PRE_GRAD",
     "OPTIMUS_POST_GRAD",
     "EGG_POST_GRAD",
+    "egg_post_grad",
     "SAME_DTYPE_BATCH_LINEAR",
     "BATCH_BMM",
     "MAX_STACKED_PER_LAUNCH",
@@ -174,6 +175,29 @@ EGG_POST_GRAD: dict[str, dict[str, Any]] = {
        if not k.startswith("batch_aten_") and k not in _LEFT_OUT and k not in _REFINED},
 }
 
+# With small GEMMs as loops (gemm_loops.py) both GEMM batchings leave alone each GEMM the loops
+# pass writes as loops (the option "loops_max_macs"): fused with its neighbours it launches
+# nothing, while a batch of them can grow past the limit and stay a call.
+LOOPS_MAX_MACS = "loops_max_macs"
+
+
+def egg_post_grad(gemm_loops: bool = False) -> dict[str, dict[str, Any]]:
+    """EGG_POST_GRAD, its GEMM batchings told about the GEMM loops where `gemm_loops`."""
+    from optimus_egg.gemm_loops import MAX_MACS
+
+    if not gemm_loops:
+        return EGG_POST_GRAD
+    return {k: {**v, LOOPS_MAX_MACS: MAX_MACS} if k in (SAME_DTYPE_BATCH_LINEAR, BATCH_BMM) else v
+            for k, v in EGG_POST_GRAD.items()}
+
+
+def _written_as_loops(fusion, node: fx.Node) -> bool:
+    """Does the fusion's "loops_max_macs" option say the GEMM loops write `node` as loops?"""
+    from optimus_egg.gemm_loops import written_as_loops
+
+    limit = fusion.graph_search_options.get(LOOPS_MAX_MACS)
+    return limit is not None and written_as_loops(node, limit)
+
 
 def _stacks_too_much(fusion, subset: list[fx.Node]) -> bool:
     """Would batching ``subset`` stack more operand elements per launch saved than the fusion's
@@ -203,7 +227,7 @@ def _register_refined_fusions() -> None:
     class SameDtypeBatchLinear(gbf.PostGradBatchLinearFusion):
         def match(self, node: fx.Node):
             key = super().match(node)
-            return None if key is None else (*key, *_operand_key(node))
+            return None if key is None or _written_as_loops(self, node) else (*key, *_operand_key(node))
 
         def fuse(self, graph, subset: list[fx.Node]) -> None:
             if not _stacks_too_much(self, subset):
@@ -230,7 +254,7 @@ def _batch_bmm_fusion(gbf) -> type:
             if any(not isinstance(v, torch.Tensor) or v.dim() != 3 for v in vals):
                 return None
             a, b = (tuple(v.shape) for v in vals)
-            if not all(isinstance(d, int) for d in a + b) or elementwise_matmul(a, b):
+            if not all(isinstance(d, int) for d in a + b) or elementwise_matmul(a, b) or _written_as_loops(self, node):
                 return None
             return (BATCH_BMM, a, b, *_operand_key(node))
 
@@ -530,12 +554,13 @@ def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order
 def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loops: bool = False) -> dict[str, Any]:
     """The Inductor config the optimus_egg backend compiles with: with `post_grad` the post-grad
     passes EGG_POST_GRAD, with `kernel_order` the CPU kernel order (`kernel_order.KERNEL_ORDER`),
-    with `gemm_loops` (opt-in) small GEMMs as loops after any post-grad batching
-    (`gemm_loops.GEMM_LOOPS`); they apply to the backward graph too."""
+    with `gemm_loops` (opt-in) small GEMMs as loops after the post-grad batching, which then
+    leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`, `egg_post_grad`); they apply to the
+    backward graph too."""
     from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
 
-    return {**(post_grad_patches(EGG_POST_GRAD) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
+    return {**(post_grad_patches(egg_post_grad(gemm_loops)) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
             **({"post_grad_custom_post_pass": GEMM_LOOPS} if gemm_loops else {})}
 
 

@@ -43,7 +43,7 @@ def _val(a):
     return a.meta.get("val") if isinstance(a, fx.Node) else None
 
 
-def _small(node: fx.Node, max_macs: int) -> bool:
+def written_as_loops(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
     """Is `node` a GEMM this pass rewrites?"""
     first = _GEMMS.get(node.target)
     if first is None or len(node.args) != first + 2:
@@ -75,7 +75,7 @@ def rewrite(graph: fx.Graph, max_macs: int = MAX_MACS) -> int:
     """Rewrite each small GEMM of `graph` as multiply + sum (module doc); returns how many."""
     done = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or not _small(node, max_macs):
+        if node.op != "call_function" or not written_as_loops(node, max_macs):
             continue
         first = _GEMMS[node.target]
         a, b = node.args[first], node.args[first + 1]

@@ -214,7 +214,7 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 
 def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, strict: bool = False,
              disable: tuple[str, ...] | list[str] = (), limits: Limits | None = None,
-             verify: bool = False) -> fx.GraphModule:
+             verify: bool = False, gemm_loops: bool = False) -> fx.GraphModule:
     """Rewrite `gm` to launch fewer kernels; returns a new GraphModule with the same values.
 
     budget_s bounds the saturation search (0: no search, an equivalent graph comes back, its
@@ -224,14 +224,19 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     disable: rule families (optimus_egg.rules.SCHEDULE_ORDER) or single rules (rules/README.md)
     to leave out.
     verify: run both graphs on example_inputs and keep the input graph if values differ.
+    gemm_loops: price the graph as Inductor compiles it with small CPU GEMMs as loops
+    (gemm_loops.py; the backend's gemm_loops option): such a GEMM is elementwise code fused
+    with its neighbours, so the search leaves it unbatched. Prices only; values never change.
     """
     _check_args(gm, example_inputs, budget_s, disable)
+    if not isinstance(gemm_loops, bool):
+        raise TypeError(f"optimize: gemm_loops must be a bool, got {type(gemm_loops).__name__}")
     inputs = check_inputs(gm, example_inputs)
     report = Report()
     start = time.perf_counter()
     try:
         with worker.frozen_heap():
-            result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report)
+            result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report, gemm_loops)
         if verify and result is not gm and not _same_values(gm, result, inputs):
             raise RuntimeError("verify: the optimized graph's values differ from the input graph's")
     except ValueError:
@@ -258,9 +263,9 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
 FIRST_ITERATION_S_PER_NODE = 2e-5
 
 
-def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
+def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False) -> fx.GraphModule:
     if parts.has_state_changes(gm) or (budget_s > 0 and parts.bodies(gm)):
-        return _by_part(gm, inputs, budget_s, disable, limits, report)
+        return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops)
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
         report.stop_reason = "budget"  # cost_before stays NaN: the input was not priced
         return gm
@@ -268,7 +273,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
     t = time.perf_counter()
     # egglog-python translates the rules on first use: done beside the shape propagation
     meanwhile = (lambda: warm(rulesets)) if budget_s > 0 else None
-    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile)
+    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile, gemm_loops=gemm_loops)
     report.groups = lowered.groups
     report.out_of_place = lowered.out_of_place
     src = lowered.gm  # gm, or its copy with writes into fresh values made out-of-place
@@ -411,12 +416,12 @@ def _reached_leaves(gm: fx.GraphModule, inputs, reach: set[fx.Node] | None = Non
     return ins, {n.target for n in reach if n.op in ("get_attr", "call_module")}
 
 
-def _by_part(gm, inputs, budget_s, disable, limits, report) -> fx.GraphModule:
+def _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops) -> fx.GraphModule:
     """A graph with stretches between grad-mode / autocast changes or checkpointed bodies: its
     parts side by side in one graph, optimized once (parts.py)."""
     def one(combined: fx.GraphModule, example_values: list) -> fx.GraphModule:
         try:
-            return _optimize(combined, example_values, budget_s, disable, limits, report)
+            return _optimize(combined, example_values, budget_s, disable, limits, report, gemm_loops)
         except ValueError as e:  # the parts' example values come from meta, not the caller
             raise RuntimeError(f"the graph's parts (parts.py): {e}") from e
 
