@@ -341,7 +341,15 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     touched = set(aliased)
     for n in aliased:
         touched.update(u for u in n.users if u.op != "output")
-    return [n for n in graph.nodes if (n in touched and n.op not in ("placeholder", "get_attr")) or n in impure]
+    # A read after the graph's last write whose only aliased operand is that write's result
+    # (functional.py rewires reads of a written tensor to the write) depends on the write as
+    # data and sees no write after it: it need not be ordered, and its ops can batch.
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    last = max(mutated, key=order.__getitem__)
+    free = {u for u in last.users if u not in aliased and u not in impure and order[u] > order[last]
+            and all(a is last or a not in aliased for a in u.all_input_nodes)}
+    return [n for n in graph.nodes if (n in touched and n not in free and n.op not in ("placeholder", "get_attr"))
+            or n in impure]
 
 
 def _depths(graph: fx.Graph, free: Callable[[fx.Node], bool] = lambda n: False,

@@ -14,6 +14,12 @@ becomes `aten.copy(h, y)`, not `y.clone()`: `h` stays its operand, so the gradie
 reaches what computed `h` (eagerly it gets zeros, and the output still requires grad). Where
 `y` has `h`'s shape and dtype, from_fx lowers that copy to `y` itself; `h`'s producers then
 drop out, and the pipeline gives their parameters their zero gradients back (ops.keep_grads).
+
+A write that stays (into an input, a view, ...) and returns the tensor it wrote (`t.copy_(y)`,
+`t.add_(y)`, `torch.relu_(t)`, `t += y` on a tensor) is that tensor: every node after it that
+reads `t` reads the write's result instead, the same tensor object, so the read depends on the
+write as data. from_fx can then leave the reads after the graph's last write unordered
+(`_ordered_effects`): two linears of a chunk written in place may batch.
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from optimus_egg.from_fx import _BINARY, _PURE_NAMES, _bound_args, _is_view, _name, _returns_input, _signature, is_mutation
+from optimus_egg.from_fx import (_BINARY, _INPLACE_DUNDERS, _INPLACE_OPERATORS, _PURE_NAMES, _bound_args, _is_view, _name,
+                                  _returns_input, _signature, is_mutation)
 
 # In-place method -> its out-of-place method.
 _METHODS = {
@@ -66,7 +73,7 @@ def functionalize(gm: fx.GraphModule, values: dict, modules: dict) -> tuple[fx.G
     """A copy of gm's graph with every write into a fresh value made out-of-place (module
     docstring), `values` (node -> example value or Meta) keyed by the copy's nodes, and how
     many writes changed; None where none can."""
-    if not any(_out_of_place(n, modules) is not None for n in gm.graph.nodes):
+    if not any(_out_of_place(n, modules) is not None or _returns_written(n, values) for n in gm.graph.nodes):
         return None
     graph = copy.deepcopy(gm.graph)
     graph.owning_module = gm  # (its module calls are found there until the copy gets a module of its own)
@@ -90,10 +97,36 @@ def functionalize(gm: fx.GraphModule, values: dict, modules: dict) -> tuple[fx.G
         m.op, m.target, m.args, m.kwargs = new(m)
         fresh.add(m)
         changed += 1
-    if not changed:
+    rewired = 0
+    for m in list(graph.nodes):
+        if m not in fresh and _returns_written(m, values):
+            t = m.args[0]
+            for u in [u for u in t.users if order[u] > order[m]]:
+                u.replace_input_with(t, m)
+                rewired += 1
+    if not (changed or rewired):
         return None
     graph.lint()
     return graph, values, changed
+
+
+def _returns_written(m: fx.Node, values: dict) -> bool:
+    """Is m a write that returns the tensor it writes into, its first operand, which a node
+    after it reads? In-place methods and torch functions (`*_`) and Python's in-place operators,
+    on tensors only (`i += 1` on an int makes a new int)."""
+    if m.op not in ("call_method", "call_function") or not m.args or not isinstance(m.args[0], fx.Node):
+        return False
+    name = _name(m.target)
+    if m.op == "call_method":
+        in_place = name.endswith("_") and not name.endswith("__") or name in _INPLACE_DUNDERS
+    else:
+        in_place = m.target in _INPLACE_OPERATORS or (
+            getattr(torch, name, None) is m.target and name.endswith("_") and not name.endswith("__"))
+    if not in_place or "out" in m.kwargs:
+        return False
+    t = m.args[0]
+    return (_tensor_like(values.get(t)) and _tensor_like(values.get(m))
+            and any(u is not m for u in t.users))
 
 
 def _out_of_place(n: fx.Node, modules: dict):
