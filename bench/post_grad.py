@@ -54,7 +54,7 @@ def run(name: str, train: bool) -> bool:
     with one_thread():
         torch.manual_seed(0)
         model, inputs, gm, params, expected, expected_grads = traced_with_reference(name, train)
-        egg = as_backend_compiles(optimize(gm, list(inputs), budget_s=1.0), post_grad=False)
+        egg = as_backend_compiles(optimize(gm, list(inputs), budget_s=1.0), post_grad=False, gemm_loops=False)
         cells, ok = [], True
         for label, patches in (("without", {}), ("with", post_grad_patches(EGG_POST_GRAD))):
             c = compile_inductor(egg, inputs, training=train, config_patches=patches)
@@ -89,8 +89,9 @@ def pass_by_pass(name: str, rounds: int) -> bool:
         for label, passes in pass_sets.items():
             arms[label] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,
                                            config_patches={**(post_grad_patches(passes) if passes else {}), **KERNEL_ORDER})
-        # "egg" and then small GEMMs as loops (gemm_loops.py, the backend's opt-in gemm_loops)
-        arms["loops"] = compile_inductor(egg, inputs, training=True, backward_config_patches=EGG_BACKWARD,
+        # as the backend compiles: priced for small GEMMs as loops (gemm_loops.py), "egg" with them
+        loops = optimize(gm, list(inputs), budget_s=1.0, gemm_loops=True)
+        arms["loops"] = compile_inductor(loops, inputs, training=True, backward_config_patches=EGG_BACKWARD,
                                          config_patches=backend_patches(gemm_loops=True))
         ok = {label: matches_eager(c.fn, inputs, params, expected, expected_grads, True) for label, c in arms.items()}
         steps = {label: _train_step(c.fn, list(params.values())) for label, c in arms.items()}

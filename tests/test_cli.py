@@ -14,6 +14,29 @@ def test_compare_smoke_runs_every_arm_and_values_match(capsys):
     assert "1 torch thread" in out
 
 
+@pytest.mark.parametrize("argv,loops", [
+    (["compare"], True), (["compare", "--no-gemm-loops"], False),
+    (["bench", "--models", "dlrm"], True), (["bench", "--models", "dlrm", "--no-gemm-loops"], False),
+])
+def test_gemm_loops_reach_the_bench_as_the_backend_default(argv, loops, monkeypatch):
+    """compare and bench optimize and compile the optimus_egg arms with the backend's GEMM loops
+    unless --no-gemm-loops."""
+    from optimus_egg import bench
+
+    seen = []
+
+    def fake_run_model(name, budgets, **kw):
+        seen.append(kw["gemm_loops"])
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(bench, "run_model", fake_run_model)
+    try:
+        main([*argv, "--no-readme"] if argv[0] == "bench" else argv)
+    except RuntimeError:
+        pass
+    assert seen == [loops]
+
+
 @pytest.mark.parametrize("argv", [
     ["compare", "--budgets", "-1"],
     ["compare", "--budgets", "abc"],

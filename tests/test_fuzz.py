@@ -1103,7 +1103,7 @@ def test_score_products_train_in_fewer_launches_than_optimus_with_the_kernel_ord
             'seed': 419}
     model, x = Program(prog).to(prog["dtype"]).eval(), make_input(prog)
     gm = fx.symbolic_trace(model)
-    out = as_backend_compiles(optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True))
+    out = as_backend_compiles(optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True, gemm_loops=True))
     params = list(model.parameters())
 
     def trained(g):

@@ -81,7 +81,7 @@ def test_backend_compile_launches_fewer_with_the_same_values(training):
     if training:
         expected.sum().backward()
         grads = [p.grad.clone() for p in model.parameters()]
-    without = backend_patches()
+    without = backend_patches(gemm_loops=False)
     counters["inductor"][gemm_loops.COUNTER] = 0
     plain = compile_inductor(gm, [x], training=training, config_patches=without)
     assert counters["inductor"][gemm_loops.COUNTER] == 0
@@ -105,20 +105,21 @@ def test_pass_has_a_stable_cache_key():
 
 
 def test_backend_takes_gemm_loops_as_an_option():
-    """torch.compile(backend="optimus_egg", options={"gemm_loops": True}): the pass runs (off by
-    default) and the values are eager's."""
+    """torch.compile(backend="optimus_egg", options={"gemm_loops": False}) turns the pass off (on
+    by default); the values are eager's either way."""
     torch.manual_seed(0)
     model, x = _Experts().eval(), torch.randn(32, 16)
     with torch.no_grad():
         expected = model(x)
         fired = {}
-        for on in (False, True):
+        for on in (False, True, None):
             torch._dynamo.reset()
             counters["inductor"][gemm_loops.COUNTER] = 0
-            got = torch.compile(model, backend="optimus_egg", options={"gemm_loops": on})(x)
+            options = {} if on is None else {"gemm_loops": on}
+            got = torch.compile(model, backend="optimus_egg", options=options)(x)
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
             fired[on] = counters["inductor"][gemm_loops.COUNTER]
-    assert fired[False] == 0 and fired[True] > 0, fired
+    assert fired[False] == 0 and fired[True] > 0 and fired[None] == fired[True], fired
 
 
 def test_loops_table_prices_gemms_up_to_the_limit_as_code():

@@ -13,7 +13,7 @@ BACKEND_OPTIONS = ("budget_s", "post_grad", "kernel_order", "gemm_loops", "induc
 
 
 def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = True,
-            gemm_loops: bool = False, inductor: dict | None = None, **options) -> Callable:
+            gemm_loops: bool = True, inductor: dict | None = None, **options) -> Callable:
     """A torch.compile backend with options, e.g. torch.compile(m, backend=backend(budget_s=0.5)).
 
     optimus_egg rewrites the graph Dynamo captures, the forward; with `post_grad` (default)
@@ -22,9 +22,10 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     GEMM batch only where it copies few elements per launch saved) on what it compiles, which
     in training includes the backward graph that optimus_egg never sees. With `kernel_order`
     (default) Inductor's scheduler packs a CPU graph's code into fewest C++ kernels
-    (`kernel_order.py`; forward and backward). With `gemm_loops` (opt-in) Inductor writes
+    (`kernel_order.py`; forward and backward). With `gemm_loops` (default) Inductor writes
     small CPU GEMMs as loops it fuses with their neighbours (`gemm_loops.py`; forward and
-    backward). Either way Inductor compiles the backward
+    backward), and optimize prices them so (`optimize(..., gemm_loops=True)`): it leaves them
+    unbatched, as do the post-grad GEMM batchings. Either way Inductor compiles the backward
     without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug). `inductor`:
     Inductor config options (``{"max_autotune": True}``), applied over optimus_egg's. Other
     options (OPTIMIZE_OPTIONS: strict, disable, limits, verify) go to `optimize`; any other

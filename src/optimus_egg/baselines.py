@@ -542,7 +542,7 @@ def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None =
 
 
 def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order: bool = True,
-                        gemm_loops: bool = False) -> fx.GraphModule:
+                        gemm_loops: bool = True) -> fx.GraphModule:
     """Mark `gm` (optimize()'s result) so that measure.compile_inductor compiles it as the
     backend does: `backend_patches(post_grad, kernel_order, gemm_loops)`, EGG_BACKWARD for the
     backward graph."""
@@ -551,10 +551,10 @@ def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order
     return gm
 
 
-def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loops: bool = False) -> dict[str, Any]:
+def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loops: bool = True) -> dict[str, Any]:
     """The Inductor config the optimus_egg backend compiles with: with `post_grad` the post-grad
     passes EGG_POST_GRAD, with `kernel_order` the CPU kernel order (`kernel_order.KERNEL_ORDER`),
-    with `gemm_loops` (opt-in) small GEMMs as loops after the post-grad batching, which then
+    with `gemm_loops` small GEMMs as loops after the post-grad batching, which then
     leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`, `egg_post_grad`); they apply to the
     backward graph too."""
     from optimus_egg.gemm_loops import GEMM_LOOPS

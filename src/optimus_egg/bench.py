@@ -236,14 +236,15 @@ def _optimus_counter_names() -> set[str]:
     return set(OPTIMUS_PRE_GRAD) | set(OPTIMUS_POST_GRAD)
 
 
-def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any]) -> float:
+def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any], gemm_loops: bool = False) -> float:
     """Launches the cost model predicts for ``gm`` as written: the whole-graph estimate with
     Inductor's fusion (extract/fusion_cost.py), given the shapes of one run on ``inputs``, as
-    optimize() gives it. NaN if the graph cannot be read."""
+    optimize() gives it (compiled with small GEMMs as loops where ``gemm_loops``). NaN if the
+    graph cannot be read."""
     from optimus_egg.extract.fusion_cost import fused_launches
 
     try:
-        return float(fused_launches(gm, fx_shapes(gm, inputs), table_of(inputs)))
+        return float(fused_launches(gm, fx_shapes(gm, inputs), table_of(inputs, gemm_loops)))
     except Exception:  # noqa: BLE001 - an unreadable graph has no prediction
         return math.nan
 
@@ -333,6 +334,7 @@ class _Arm:
     optimize_s: float
     report: Any = None
     counters: dict | None = None
+    gemm_loops: bool = False  # optimized and compiled for small GEMMs as loops
 
 
 def run_model(
@@ -347,7 +349,7 @@ def run_model(
     quiet: bool = False,
     model_kw: dict | None = None,
     device: str = "cpu",
-    gemm_loops: bool = False,
+    gemm_loops: bool = True,
 ) -> list[dict]:
     """Run model ``name`` under every arm, one process, and return one row per arm.
 
@@ -356,8 +358,8 @@ def run_model(
     cost model's prediction (``pred_launches``) for each arm's graph. Progress goes to
     ``out`` (default: sys.stdout at call time) unless ``quiet``. ``device`` is "cpu" or
     "cuda" (ValueError when CUDA is not available); on cuda each arm's timed call is also
-    profiled (``profiled_launches``). ``gemm_loops`` compiles the optimus_egg and greedy-rules
-    arms as ``backend(gemm_loops=True)`` does.
+    profiled (``profiled_launches``). The optimus_egg and greedy-rules arms are optimized and
+    compiled as the backend does, with its ``gemm_loops`` (default) or without.
     """
     from optimus_egg import measure
     from optimus_egg.ablation import rewrite_greedily
@@ -410,15 +412,15 @@ def run_model(
         if "optimus_egg" in wanted:
             for b in budgets:
                 t = time.perf_counter()
-                egg = optimize(gm, inputs, budget_s=b)
+                egg = optimize(gm, inputs, budget_s=b, gemm_loops=gemm_loops)
                 as_backend_compiles(egg, gemm_loops=gemm_loops)
                 plan.append(_Arm(egg_arm(b), _budget_label(b), egg, time.perf_counter() - t,
-                                 report=egg.meta["optimus_egg"]))
+                                 report=egg.meta["optimus_egg"], gemm_loops=gemm_loops))
         if GREEDY_RULES in wanted:
-            greedy = rewrite_greedily(gm, inputs)
+            greedy = rewrite_greedily(gm, inputs, gemm_loops=gemm_loops)
             as_backend_compiles(greedy, gemm_loops=gemm_loops)
             rep = greedy.meta["optimus_egg_greedy"]
-            plan.append(_Arm(GREEDY_RULES, "", greedy, rep.seconds, report=rep))
+            plan.append(_Arm(GREEDY_RULES, "", greedy, rep.seconds, report=rep, gemm_loops=gemm_loops))
 
         fns: dict[str, Callable[..., Any]] = {}
         launches: dict[str, Any] = {}
@@ -442,7 +444,7 @@ def run_model(
                 family=family_of(name), model=name, mode=mode, device=device, device_name=device_name, arm=arm.name, budget=arm.budget,
                 fx_nodes=fx_nodes, launches=L.total, extern=L.extern,
                 kernels=L.cpp + L.triton + L.fallback, profiled_launches="",
-                pred_launches=predicted_launches(arm.graph, inputs) if predict else math.nan,
+                pred_launches=predicted_launches(arm.graph, inputs, arm.gemm_loops) if predict else math.nan,
                 optimize_s=round(arm.optimize_s, 4), compile_s=round(c.compile_s, 3),
                 total_compile_s=round(arm.optimize_s + c.compile_s, 3),
                 median_ms=math.nan, ratio=math.nan, launch_ratio=math.nan,
@@ -488,7 +490,7 @@ def run_optimize_only(name: str, budget: float = 1.0, out: TextIO | None = None)
         model.eval()
         gm = fx.symbolic_trace(model)
         t = time.perf_counter()
-        egg = optimize(gm, list(inputs), budget_s=budget)
+        egg = optimize(gm, list(inputs), budget_s=budget, gemm_loops=True)  # as the bench's optimus_egg arm
         optimize_s = time.perf_counter() - t
     rep = egg.meta["optimus_egg"]
     row = {c: "" for c in COLUMNS}

@@ -59,13 +59,13 @@ def _all_match(rows: list[dict]) -> bool:
 
 
 def compare(model: str, budgets: list[float], train: bool, rounds: int, plot: str | None = None,
-            results_dir: str | None = None, out=None, device: str = "cpu") -> list[dict]:
+            results_dir: str | None = None, out=None, device: str = "cpu", gemm_loops: bool = True) -> list[dict]:
     """Run `optimus_egg.bench.run_model` and print its table (and plot / save it)."""
     from optimus_egg import bench
 
     out = out or sys.stdout
 
-    rows = bench.run_model(model, budgets, train=train, rounds=rounds, out=out, device=device)
+    rows = bench.run_model(model, budgets, train=train, rounds=rounds, out=out, device=device, gemm_loops=gemm_loops)
     bench.print_table(rows, out)
     if plot:
         print(f"plot: {bench.plot(rows, plot)}", file=out)
@@ -76,7 +76,7 @@ def compare(model: str, budgets: list[float], train: bool, rounds: int, plot: st
 
 
 def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int, big: bool,
-              results_dir: str, readme: str | None, out=None, device: str = "cpu", gemm_loops: bool = False) -> int:
+              results_dir: str, readme: str | None, out=None, device: str = "cpu", gemm_loops: bool = True) -> int:
     from optimus_egg import bench
 
     out = out or sys.stdout
@@ -147,11 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--results-dir", default="bench/results", metavar="DIR")
     b.add_argument("--readme", default="README.md", help="file holding the bench markers (default README.md)")
     b.add_argument("--no-readme", action="store_true", help="do not touch the README")
-    b.add_argument("--gemm-loops", action="store_true",
-                   help="compile the optimus_egg and greedy-rules arms with backend(gemm_loops=True)")
     b.add_argument("--device", choices=DEVICES, default="cpu",
                    help="compile and time on this device (default cpu; cuda: Triton, plus torch.profiler "
                         "counts, results in <model>[_train]_cuda.csv)")
+    for parser in (c, b):
+        parser.add_argument("--no-gemm-loops", action="store_true",
+                            help="optimize and compile the optimus_egg and greedy-rules arms as "
+                                 "backend(gemm_loops=False) does (default: as the backend does, with the GEMM loops)")
 
     args = p.parse_args(argv)
     try:
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.command == "compare":
         rows = compare(args.model, args.budgets, args.train, args.rounds, args.plot, args.results_dir,
-                       device=args.device)
+                       device=args.device, gemm_loops=not args.no_gemm_loops)
         return 0 if _all_match(rows) else 1
 
     from optimus_egg.bench import default_models
@@ -169,4 +171,4 @@ def main(argv: list[str] | None = None) -> int:
         p.error("bench: give --all or --models a,b")
     models = args.models or default_models()
     return run_bench(models, args.budgets, args.train, args.rounds, args.big, args.results_dir,
-                     None if args.no_readme else args.readme, device=args.device, gemm_loops=args.gemm_loops)
+                     None if args.no_readme else args.readme, device=args.device, gemm_loops=not args.no_gemm_loops)

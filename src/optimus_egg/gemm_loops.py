@@ -1,4 +1,4 @@
-"""Small GEMMs as loops: an opt-in Inductor post-grad pass (`backend(gemm_loops=True)`).
+"""Small GEMMs as loops: an Inductor post-grad pass the backend compiles with (`gemm_loops`, on by default).
 
 On CPU Inductor calls every mm / addmm / bmm / baddbmm as an extern kernel (MKL), one launch
 each, except the few it decomposes itself (a dot or small outer product; `launch_cost.
@@ -15,9 +15,11 @@ interleaved rounds, step time against the same graph with every GEMM extern) no 
 slower up to 65,536 multiply-adds (inference 0.89-1.00 x, training 0.98-1.01 x), while at
 131,072 illustrative's chained [64, 64] x [64, 64] layers ran 1.15 x slower and wukong 1.03 x.
 
-It is opt-in because the search does not know it: the cost model prices every GEMM as a launch,
-so the search batches small GEMMs into ones past MAX_MACS that stay calls, and with the pass on
-every arm the input graph can launch fewer kernels than optimus_egg's (README, Targets).
+The search knows it: `optimize(..., gemm_loops=True)` (what the backend calls) prices a GEMM
+of at most MAX_MACS multiply-adds as elementwise code (extract/launch_cost.py, table
+"cpu_loops"), so it leaves such GEMMs unbatched instead of batching them into one past the
+limit that stays a call; and the backend's post-grad GEMM batchings leave them alone
+(baselines.egg_post_grad). `backend(gemm_loops=False)` compiles without the pass.
 """
 from __future__ import annotations
 
