@@ -24,7 +24,8 @@ own pred_launches column: the whole-graph estimate with Inductor's fusion
 ("now") that estimate as it is now, against each arm's graph compiled here with the CPU
 kernel order (src/optimus_egg/kernel_order.py), as the backend compiles, which is what the
 estimate predicts ("ordered"), and against the bench's measured launches (the kernel order in
-the optimus_egg arms only). Spearman is computed with numpy (scipy is not installed):
+the optimus_egg arms only). The optimus_egg and greedy-rules arms are priced and compiled as
+the bench's are, with the backend's GEMM loops (src/optimus_egg/gemm_loops.py). Spearman is computed with numpy (scipy is not installed):
 Pearson correlation of average ranks.
 """
 from __future__ import annotations
@@ -69,10 +70,10 @@ def traced(name: str):
     return gm, check_inputs(gm, list(inputs))
 
 
-def saturated(gm, inputs, budget_s: float, limits: Limits | None = None):
+def saturated(gm, inputs, budget_s: float, limits: Limits | None = None, gemm_loops: bool = False):
     """The pipeline up to extraction: (before, after) as (graph, cost fn, greedy extraction,
-    launch-only cost fn)."""
-    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0)
+    launch-only cost fn); priced for the GEMM loops where `gemm_loops`, as optimize() is."""
+    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, gemm_loops=gemm_loops)
     g0 = serialize(lowered.egraph)
     c0 = node_cost(lowered, g0)
     before = (g0, c0, greedy(g0, c0), node_cost(lowered, g0, with_work=False))
@@ -85,8 +86,8 @@ def saturated(gm, inputs, budget_s: float, limits: Limits | None = None):
     return before, (g1, c1, greedy(g1, c1), node_cost(lowered, g1, with_work=False)), sat
 
 
-def predicted(gm, inputs, budget_s: float, limits: Limits | None = None) -> float:
-    before, after, _ = saturated(gm, inputs, budget_s, limits)
+def predicted(gm, inputs, budget_s: float, limits: Limits | None = None, gemm_loops: bool = False) -> float:
+    before, after, _ = saturated(gm, inputs, budget_s, limits, gemm_loops)
     if after[2].cost >= before[2].cost - 1e-9:  # optimize() keeps the input graph
         return launches(*before)
     return launches(*after)
@@ -143,10 +144,11 @@ def part2(models: list[str]) -> None:
             pred, graph = predicted(gm, inputs, 0.0), gm
         elif arm.startswith("optimus_egg@"):
             b = float(arm[len("optimus_egg@"):-1])
-            pred, graph = predicted(gm, inputs, b), as_backend_compiles(optimize(gm, inputs, budget_s=b), gemm_loops=False)
+            pred = predicted(gm, inputs, b, gemm_loops=True)  # the bench's arms: the backend's GEMM loops
+            graph = as_backend_compiles(optimize(gm, inputs, budget_s=b, gemm_loops=True))
         elif arm == GREEDY_RULES:
-            graph = as_backend_compiles(rewrite_greedily(gm, inputs), gemm_loops=False)
-            pred = predicted(graph, inputs, 0.0)
+            graph = as_backend_compiles(rewrite_greedily(gm, inputs, gemm_loops=True))
+            pred = predicted(graph, inputs, 0.0, gemm_loops=True)
         else:
             pred = math.nan  # Optimus's graph has no optimize() report
             graph = inductor_with_optimus(gm, inputs, post_grad=False)
@@ -154,7 +156,8 @@ def part2(models: list[str]) -> None:
         # the estimate predicts launches as the backend compiles: with the kernel order
         ordered = float(compile_inductor(graph, inputs, config_patches=KERNEL_ORDER).launches.total)
         col = float(r["pred_launches"]) if r.get("pred_launches") not in (None, "", "nan") else math.nan
-        now = predicted_launches(graph, inputs)  # the fusion estimate as it is now, on the arm's graph
+        loops = arm != "inductor" and arm != "optimus"
+        now = predicted_launches(graph, inputs, loops)  # the fusion estimate as it is now, on the arm's graph
         if not math.isnan(pred):
             pairs.append((pred, measured))
             per_model.setdefault(name, []).append((pred, measured))

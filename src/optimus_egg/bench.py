@@ -244,7 +244,8 @@ def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any], gemm_loops: bo
     from optimus_egg.extract.fusion_cost import fused_launches
 
     try:
-        return float(fused_launches(gm, fx_shapes(gm, inputs), table_of(inputs, gemm_loops)))
+        table = table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops)
+        return float(fused_launches(gm, fx_shapes(gm, inputs), table))
     except Exception:  # noqa: BLE001 - an unreadable graph has no prediction
         return math.nan
 

@@ -1006,10 +1006,13 @@ class _Lowerer:
 
     def free(self, n: fx.Node) -> bool:
         """A node that computes nothing: a view, or one lowered to one of its operands (a
-        dropout in eval mode). Group members (`kind`) are never free."""
+        dropout in eval mode); for depth also an in-place write, whose result (the tensor it
+        wrote) the reads after it read (functional.py), so they keep the depth of a read of
+        the tensor itself. Group members (`kind`) are never free."""
         if n in self.kind:
             return False
-        return n in self.identities or n.op in ("call_function", "call_method") and _name(n.target) in VIEW_TARGETS
+        return n in self.identities or n.op in ("call_function", "call_method") and (
+            _name(n.target) in VIEW_TARGETS or is_mutation(n, self.modules))
 
     def same_as(self) -> dict[fx.Node, fx.Node]:
         """Pieces that are exactly one operand of what they were cut from: item i of a split of
@@ -1487,7 +1490,7 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: 
     outs.extend(e for e in dict.fromkeys([last_write, *reads]) if e is not None)
     root = _app("outputs", _vec(outs))
     values.finish()  # every node ran: the inputs fit the graph
-    lw.cost_table = table_of(inputs, gemm_loops)
+    lw.cost_table = table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops)
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
