@@ -14,12 +14,12 @@ arm with and without them (the bench's Optimus arm runs them in training only), 
 Inductor with and without them (what the post-grad passes do alone). One torch
 thread; launches are deterministic, so one run suffices.
 
---pass-by-pass (training): the optimus_egg arm compiled with the CPU kernel order and the
-backward's EGG_BACKWARD, as the backend compiles it, with EGG_POST_GRAD; EGG_POST_GRAD without its limit
+--pass-by-pass (training): the optimus_egg arm (optimized without the GEMM loops) compiled
+with the CPU kernel order and the backward's EGG_BACKWARD with EGG_POST_GRAD; EGG_POST_GRAD without its limit
 on the elements a GEMM batch stacks per launch saved (MAX_STACKED_PER_LAUNCH); EGG_POST_GRAD plus
 PyTorch's batch_aten_mul; EGG_POST_GRAD without the GEMM batching; without optimus_egg's bmm
-batching (BATCH_BMM); no post-grad pass; and EGG_POST_GRAD then small GEMMs as loops
-(gemm_loops.py: `backend(gemm_loops=True)`, "loops"), next to plain Inductor and Optimus: launches and
+batching (BATCH_BMM); no post-grad pass; and as the backend compiles, optimized priced for
+small GEMMs as loops and compiled with them (gemm_loops.py, "loops"), next to plain Inductor and Optimus: launches and
 the median training step over plain Inductor's, all arms timed in one interleaved run ("!"
 marks values or gradients that differ from eager's).
 """

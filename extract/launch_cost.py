@@ -37,6 +37,13 @@ TABLES: dict[str, dict[str, float]] = {
 }
 LOOPS = "cpu_loops"  # the CPU target with small GEMMs as loops: CPU prices, loops_gemm below
 TABLES[LOOPS] = dict(TABLES["cpu"])
+# Fewest GEMMs the loops write as code that still make a batch group (from_fx seeding). Fewer
+# stay apart, fused with their neighbours (dcn_v2's groups of 4 and 8). Groups this large are
+# seeded so that the search can weigh batching everything around them: on illustrative_1k
+# (groups of 32 [32, 16] @ [16, 16] linears) the search without them batched the layer norms
+# and elementwise ops between unbatched loop GEMMs, 6 launches at 1.04 x plain Inductor's
+# latency; with them the fusion estimate keeps the input graph, 5 launches at 0.82 x.
+LOOPS_BATCH_MIN = 16
 # The kind of each constructor with a price; flatten copies when its input is not contiguous.
 KIND = {"linear": "gemm", "batched_linear": "gemm", "layer_norm": "reduction", "batched_layer_norm": "reduction",
         "cat": "copy", "stack": "copy", "flatten": "copy", "unary": "elementwise", "binary": "elementwise"}

@@ -211,3 +211,33 @@ def test_post_grad_batching_leaves_the_loops_gemms_alone():
         launches[loops] = c.launches.total
     assert batched[False] > 0 and batched[True] == 0, batched
     assert launches[True] < launches[False], launches
+
+
+class _PerFeature(nn.Module):
+    """`n` features, each its own Linear(16, 16) on its own [32, 16] input, then relu."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(n))
+
+    def forward(self, x):
+        return torch.cat([torch.relu(lin(x[:, 16 * i:16 * (i + 1)])) for i, lin in enumerate(self.layers)], 1)
+
+
+@pytest.mark.parametrize("n", [4, 16])
+def test_loop_gemms_group_only_in_large_numbers(n):
+    """Priced for the loops, GEMMs they write as code form a batch group only when there are
+    launch_cost.LOOPS_BATCH_MIN (16) of them; values equal the input graph's either way."""
+    from optimus_egg import optimize
+    from optimus_egg.extract.launch_cost import LOOPS_BATCH_MIN
+    from optimus_egg.testing import fired
+
+    assert LOOPS_BATCH_MIN == 16
+    torch.manual_seed(0)
+    gm, x = fx.symbolic_trace(_PerFeature(n).eval()), torch.randn(32, 16 * n)
+    out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True)
+    report = out.meta["optimus_egg"]
+    assert ("linear" in report.groups) is (n >= LOOPS_BATCH_MIN), report.groups
+    assert fired(report, "batch-linear") is (n >= LOOPS_BATCH_MIN), report
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), gm(x))
