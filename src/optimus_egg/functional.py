@@ -111,8 +111,8 @@ def functionalize(gm: fx.GraphModule, values: dict, modules: dict) -> tuple[fx.G
 
 
 def _returns_written(m: fx.Node, values: dict) -> bool:
-    """Is m a write that returns the tensor it writes into, its first operand, which a node
-    after it reads? In-place methods and torch functions (`*_`) and Python's in-place operators,
+    """Is m a write that returns the tensor it writes into, its first operand, which another
+    node reads (functionalize rewires the reads after m)? In-place methods and torch functions (`*_`) and Python's in-place operators,
     on tensors only (`i += 1` on an int makes a new int)."""
     if m.op not in ("call_method", "call_function") or not m.args or not isinstance(m.args[0], fx.Node):
         return False
