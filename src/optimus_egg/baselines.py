@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._dynamo.utils import counters
+from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -542,26 +543,44 @@ def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None =
 
 
 def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order: bool = True,
-                        gemm_loops: bool = True) -> fx.GraphModule:
+                        gemm_loops: bool = True, mask_stores: bool = True) -> fx.GraphModule:
     """Mark `gm` (optimize()'s result) so that measure.compile_inductor compiles it as the
-    backend does: `backend_patches(post_grad, kernel_order, gemm_loops)`, EGG_BACKWARD for the
-    backward graph."""
-    gm.meta["inductor_config_patches"] = backend_patches(post_grad, kernel_order, gemm_loops)
+    backend does: `backend_patches(post_grad, kernel_order, gemm_loops, mask_stores)`,
+    EGG_BACKWARD for the backward graph."""
+    gm.meta["inductor_config_patches"] = backend_patches(post_grad, kernel_order, gemm_loops, mask_stores)
     gm.meta["inductor_backward_config_patches"] = EGG_BACKWARD
     return gm
 
 
-def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loops: bool = True) -> dict[str, Any]:
+def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loops: bool = True,
+                    mask_stores: bool = True) -> dict[str, Any]:
     """The Inductor config the optimus_egg backend compiles with: with `post_grad` the post-grad
     passes EGG_POST_GRAD, with `kernel_order` the CPU kernel order (`kernel_order.KERNEL_ORDER`),
     with `gemm_loops` small GEMMs as loops after the post-grad batching, which then
-    leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`, `egg_post_grad`); they apply to the
-    backward graph too."""
+    leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`, `egg_post_grad`), with `mask_stores`
+    saved bool masks stored as bytes (`mask_stores.MASK_STORES`); they apply to the backward
+    graph too."""
     from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
+    from optimus_egg.mask_stores import MASK_STORES
 
+    custom = [p for p, on in ((GEMM_LOOPS, gemm_loops), (MASK_STORES, mask_stores)) if on]
     return {**(post_grad_patches(egg_post_grad(gemm_loops)) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
-            **({"post_grad_custom_post_pass": GEMM_LOOPS} if gemm_loops else {})}
+            **({"post_grad_custom_post_pass": custom[0] if len(custom) == 1 else PostPasses(custom)} if custom else {})}
+
+
+class PostPasses(CustomGraphPass):
+    """Post-grad passes run in order from Inductor's one `post_grad_custom_post_pass` slot."""
+
+    def __init__(self, passes: Sequence[CustomGraphPass]):
+        self.passes = tuple(passes)
+
+    def __call__(self, graph: fx.Graph) -> None:
+        for p in self.passes:
+            p(graph)
+
+    def uuid(self) -> str:
+        return "+".join(str(p.uuid()) for p in self.passes)
 
 
 def post_grad_patches(passes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
