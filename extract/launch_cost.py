@@ -78,6 +78,11 @@ def table_of(inputs, gemm_loops: bool = False) -> str:
     return table_for(devices.pop() if len(devices) == 1 else "cpu", loops)
 
 
+def graph_table(gm, inputs, gemm_loops: bool = False) -> str:
+    """`table_of` a GraphModule run on `inputs`: its inputs, parameters and buffers."""
+    return table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops)
+
+
 def loops_gemm(macs: float, table: str) -> bool:
     """Is a GEMM of `macs` multiply-adds one the target writes as loops (gemm_loops.py)? Shapes
     with a symbolic dim (priced as huge) never are."""

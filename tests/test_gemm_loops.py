@@ -133,6 +133,9 @@ def test_loops_table_prices_gemms_up_to_the_limit_as_code():
     assert lc.table_of([torch.zeros(1)]) == "cpu"
     assert lc.table_of([torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16)], gemm_loops=True) == "cpu"  # not rewritten
     assert lc.table_of([torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.int64)], gemm_loops=True) == lc.LOOPS
+    wide = fx.symbolic_trace(_Wide(4))  # a graph's parameters count: bfloat16 weights keep the CPU table
+    assert lc.graph_table(wide, [torch.zeros(2, 4)], gemm_loops=True) == lc.LOOPS
+    assert lc.graph_table(fx.symbolic_trace(_Wide(4).to(torch.bfloat16)), [torch.zeros(2, 4)], gemm_loops=True) == "cpu"
     at_limit = (gemm_loops.MAX_MACS // (16 * 16), 16)  # x [M, 16] @ w.T [16, 16]: MAX_MACS exactly
     over = (at_limit[0] + 1, 16)
     for bias in (False, True):

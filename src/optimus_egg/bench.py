@@ -54,7 +54,7 @@ from typing import Any, Callable, Sequence, TextIO
 import torch
 import torch.fx as fx
 
-from optimus_egg.extract.launch_cost import table_of
+from optimus_egg.extract.launch_cost import graph_table
 from optimus_egg.measure import _tensors
 
 __all__ = [
@@ -244,7 +244,7 @@ def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any], gemm_loops: bo
     from optimus_egg.extract.fusion_cost import fused_launches
 
     try:
-        table = table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops)
+        table = graph_table(gm, inputs, gemm_loops)
         return float(fused_launches(gm, fx_shapes(gm, inputs), table))
     except Exception:  # noqa: BLE001 - an unreadable graph has no prediction
         return math.nan

@@ -36,7 +36,7 @@ from egglog import EGraph
 
 from optimus_egg import shapes
 from optimus_egg.extract.launch_cost import (LOOPS, LOOPS_BATCH_MIN, VIEW_TARGETS, elementwise_linear, elementwise_matmul,
-                                             table_of)
+                                             graph_table)
 from optimus_egg.seed import quote, register_text
 from optimus_egg.shapes import (
     SYMBOLIC_MIN,
@@ -1508,7 +1508,7 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: 
     outs.extend(e for e in dict.fromkeys([last_write, *reads]) if e is not None)
     root = _app("outputs", _vec(outs))
     values.finish()  # every node ran: the inputs fit the graph
-    lw.cost_table = table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops)
+    lw.cost_table = graph_table(gm, inputs, gemm_loops)
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
