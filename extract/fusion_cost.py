@@ -22,7 +22,8 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   one-row linear with K, N <= 16, a dot product, a small outer product, a batched
   matrix-vector product: launch_cost.py) computes like an elementwise op.
 
-On CPU the kernels are then counted as Inductor's C++ backend writes them with the backend's
+On CPU (`launch_cost.CPU_TABLES`: "cpu", and "cpu_loops" for a compile with small GEMMs as
+loops) the kernels are then counted as Inductor's C++ backend writes them with the backend's
 kernel order (src/optimus_egg/kernel_order.py): everything scheduled between two calls goes
 into one kernel, fused or not, and the order gives the fewest such runs of code, so the
 kernels are the fewest runs of code between calls over the graph's computed nodes
@@ -35,7 +36,7 @@ import math
 from collections.abc import Callable
 
 import torch.fx as fx
-from optimus_egg.extract.launch_cost import (GEMM_TARGETS, VIEW_TARGETS, elementwise_batched_linear,
+from optimus_egg.extract.launch_cost import (CPU_TABLES, GEMM_TARGETS, VIEW_TARGETS, elementwise_batched_linear,
                                              elementwise_linear, elementwise_matmul)
 from optimus_egg.from_fx import draws_random, is_mutation
 from optimus_egg.kernel_order import CALL, CODE, FREE, fewest_runs
@@ -90,7 +91,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         random = random or draws_random(n, modules)
         leafy[n] = all(leafy.get(a, False) for a in ins) and kind[n] != "extern"
 
-    cpu = table == "cpu"
+    cpu = table in CPU_TABLES
     parent: dict[fx.Node, fx.Node] = {}
 
     def find(x):
@@ -232,10 +233,10 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
         return "compute"
     if name in _FREE_TARGETS or name == "getitem" or name == "dropout":
         return "compute" if shape_of is not None and name in _MAY_COPY and _layout_copy(n, modules, shape_of) else "view"
-    if table == "cpu" and name in INDEXING:
+    if table in CPU_TABLES and name in INDEXING:
         return "compute"
     if (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name
-            or (table == "cpu" and name in SCANS)) and not (
+            or (table in CPU_TABLES and name in SCANS)) and not (
             shape_of is not None and _elementwise_gemm(n, name, modules, shape_of, table)):
         return "extern"
     return "compute"

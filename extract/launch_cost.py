@@ -37,6 +37,7 @@ TABLES: dict[str, dict[str, float]] = {
 }
 LOOPS = "cpu_loops"  # the CPU target with small GEMMs as loops: CPU prices, loops_gemm below
 TABLES[LOOPS] = dict(TABLES["cpu"])
+CPU_TABLES = ("cpu", LOOPS)  # tables of Inductor's C++ backend: the fusion estimate counts its kernels
 # Fewest GEMMs the loops write as code that still make a batch group (from_fx seeding). Fewer
 # stay apart, fused with their neighbours (dcn_v2's groups of 4 and 8). Groups this large are
 # seeded so that the search can weigh batching everything around them: on illustrative_1k
@@ -119,7 +120,7 @@ def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bia
         return False
     if loops_gemm(math.prod(x) * w[0], table):
         return True
-    if table not in ("cpu", LOOPS) or not bias:
+    if table not in CPU_TABLES or not bias:
         return False
     return math.prod(x[:-1]) == 1 and w[0] <= SMALL_ADDMM and w[1] <= SMALL_ADDMM
 
@@ -135,7 +136,7 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
     if a and b and len(a) >= 2 and len(b) >= 2 and (len(b) == 2 or tuple(a[:-2]) == tuple(b[:-2])):
         if loops_gemm(math.prod(a) * b[-1], table):
             return True
-    if table not in ("cpu", LOOPS) or not a or not b or len(a) != len(b) or len(a) not in (2, 3):
+    if table not in CPU_TABLES or not a or not b or len(a) != len(b) or len(a) not in (2, 3):
         return False
     if len(a) == 3:
         return a[1] == 1 or b[2] == 1 or (a[2] == 1 and b[1] == 1)

@@ -244,3 +244,35 @@ def test_loop_gemms_group_only_in_large_numbers(n):
     assert fired(report, "batch-linear") is (n >= LOOPS_BATCH_MIN), report
     with torch.no_grad():
         torch.testing.assert_close(out(x), gm(x))
+
+
+
+class _TwoInputs(nn.Module):
+    """Two chains apart, each a large GEMM (a call) then a small one (code with the loops): two
+    fused groups, one C++ run of code after both calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = nn.ModuleList(nn.Linear(256, 256) for _ in range(2))
+        self.small = nn.ModuleList(nn.Linear(256, 16) for _ in range(2))
+
+    def forward(self, x, y):
+        return tuple(torch.tanh(s(torch.relu(b(t)))) for b, s, t in zip(self.big, self.small, (x, y)))
+
+
+def test_fusion_estimate_counts_loop_code_as_cpu_kernels():
+    """Under the loops table the whole-graph estimate counts C++ kernels as on CPU, the code
+    runs between calls (not one kernel per fused group), as Inductor compiles it."""
+    from optimus_egg.bench import fx_shapes
+    from optimus_egg.extract import launch_cost as lc
+    from optimus_egg.extract.fusion_cost import fused_launches
+
+    torch.manual_seed(0)
+    model, inputs = _TwoInputs().eval(), [torch.randn(8, 256), torch.randn(8, 256)]
+    gm = fx.symbolic_trace(model)
+    shapes = fx_shapes(gm, inputs)
+    with torch.no_grad():
+        loops = compile_inductor(gm, inputs, config_patches=backend_patches(gemm_loops=True)).launches.total
+        calls = compile_inductor(gm, inputs, config_patches=backend_patches(gemm_loops=False)).launches.total
+    assert fused_launches(gm, shapes, lc.LOOPS) == loops == 3  # the two large GEMMs, then one run of code
+    assert calls > loops  # without the loops the small GEMMs are calls too
