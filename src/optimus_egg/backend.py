@@ -27,8 +27,8 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     small CPU GEMMs as loops it fuses with their neighbours (`gemm_loops.py`; forward and
     backward), and optimize prices them so (`optimize(..., gemm_loops=True)`): it leaves them
     unbatched, as do the post-grad GEMM batchings. With `mask_stores` (default) Inductor stores
-    the bool masks a CPU training graph saves for the backward as bytes (`mask_stores.py`), 8x
-    faster than its vectorized bool store. Either way Inductor compiles the backward
+    the bool masks a CPU training graph saves for the backward as bytes (`mask_stores.py`), about
+    8x faster than its vectorized bool store. Either way Inductor compiles the backward
     without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug). `inductor`:
     Inductor config options (``{"max_autotune": True}``), applied over optimus_egg's. Other
     options (OPTIMIZE_OPTIONS: strict, disable, limits, verify) go to `optimize`; any other
