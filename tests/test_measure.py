@@ -278,11 +278,20 @@ def test_interleaved_medians_and_median_ms(two_linears):
         interleaved_medians(arms, inputs, rounds=0)
 
 
-def test_interleaving_rotates_arm_order():
+def test_interleaving_shuffles_arm_order_each_round():
+    """Every round times every arm once; the orders vary (no arm always follows the same one)
+    and repeat from run to run (seeded)."""
     calls: list[str] = []
-    fns = {name: (lambda *a, n=name: calls.append(n)) for name in "abc"}
-    interleaved_medians(fns, [], rounds=3, warmup=0)
-    assert calls == list("abc" "bca" "cab")
+    fns = {name: (lambda *a, n=name: calls.append(n)) for name in "abcd"}
+    interleaved_medians(fns, [], rounds=40, warmup=0)
+    rounds = [calls[i:i + 4] for i in range(0, len(calls), 4)]
+    assert len(rounds) == 40 and all(sorted(r) == list("abcd") for r in rounds)
+    before = {n: {r[r.index(n) - 1] for r in rounds if r.index(n)} for n in "abcd"}
+    assert all(len(b) == 3 for b in before.values()), before
+    first = list(calls)
+    calls.clear()
+    interleaved_medians(fns, [], rounds=40, warmup=0)
+    assert calls == first
 
 
 def test_values_match():
