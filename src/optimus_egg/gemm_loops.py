@@ -67,7 +67,9 @@ def written_as_loops(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
     return math.prod(dims) <= max_macs
 
 
-def _call(graph: fx.Graph, target, args: tuple) -> fx.Node:
+def call_with_val(graph: fx.Graph, target, args: tuple) -> fx.Node:
+    """A call_function node of `target` on `args`, its meta["val"] computed from theirs (the
+    fake tensors of a post-grad graph). Inserted where the graph's insert point is."""
     node = graph.call_function(target, args)
     node.meta["val"] = target(*(_val(a) if isinstance(a, fx.Node) else a for a in args))
     return node
@@ -83,11 +85,12 @@ def rewrite(graph: fx.Graph, max_macs: int = MAX_MACS) -> int:
         a, b = node.args[first], node.args[first + 1]
         k = _val(a).dim() - 1  # the K dim of a; b's K dim is k - 1
         with graph.inserting_before(node):
-            prod = _call(graph, aten.mul.Tensor, (_call(graph, aten.unsqueeze.default, (a, k + 1)),
-                                                  _call(graph, aten.unsqueeze.default, (b, k - 1))))
-            out = _call(graph, aten.sum.dim_IntList, (prod, [k]))
+            a_k1 = call_with_val(graph, aten.unsqueeze.default, (a, k + 1))
+            b_1k = call_with_val(graph, aten.unsqueeze.default, (b, k - 1))
+            prod = call_with_val(graph, aten.mul.Tensor, (a_k1, b_1k))
+            out = call_with_val(graph, aten.sum.dim_IntList, (prod, [k]))
             if first:
-                out = _call(graph, aten.add.Tensor, (out, node.args[0]))
+                out = call_with_val(graph, aten.add.Tensor, (out, node.args[0]))
         # provenance only: the GEMM's tensor_meta (strides) need not hold for the sum
         out.meta.update({key: node.meta[key] for key in ("stack_trace", "nn_module_stack", "seq_nr") if key in node.meta})
         node.replace_all_uses_with(out)

@@ -26,6 +26,8 @@ from torch import fx
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from optimus_egg.gemm_loops import call_with_val
+
 COUNTER = "mask_stores_as_bytes"
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -39,12 +41,6 @@ def stored_mask(node: fx.Node) -> bool:
             and isinstance(val, torch.Tensor) and val.dtype == torch.bool and val.device.type == "cpu")
 
 
-def _call(graph: fx.Graph, target, *args) -> fx.Node:
-    node = graph.call_function(target, args)
-    node.meta["val"] = target(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in args))
-    return node
-
-
 def rewrite(graph: fx.Graph) -> int:
     """Store each bool graph output of a pointwise op as bytes (module doc); returns how many."""
     out = graph.output_node()
@@ -53,9 +49,9 @@ def rewrite(graph: fx.Graph) -> int:
         if not stored_mask(node):
             continue
         with graph.inserting_before(out):
-            as_int = _call(graph, prims.convert_element_type.default, node, torch.int32)
-            as_bytes = _call(graph, prims.convert_element_type.default, as_int, torch.uint8)
-            mask = _call(graph, aten.view.dtype, as_bytes, torch.bool)
+            as_int = call_with_val(graph, prims.convert_element_type.default, (node, torch.int32))
+            as_bytes = call_with_val(graph, prims.convert_element_type.default, (as_int, torch.uint8))
+            mask = call_with_val(graph, aten.view.dtype, (as_bytes, torch.bool))
         if mask.meta["val"].stride() != node.meta["val"].stride():
             for n in (mask, as_bytes, as_int):
                 graph.erase_node(n)
