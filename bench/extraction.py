@@ -145,9 +145,9 @@ def part2(models: list[str]) -> None:
         elif arm.startswith("optimus_egg@"):
             b = float(arm[len("optimus_egg@"):-1])
             pred = predicted(gm, inputs, b, gemm_loops=True)  # the bench's arms: the backend's GEMM loops
-            graph = as_backend_compiles(optimize(gm, inputs, budget_s=b, gemm_loops=True))
+            graph = as_backend_compiles(optimize(gm, inputs, budget_s=b, gemm_loops=True, training=False))
         elif arm == GREEDY_RULES:
-            graph = as_backend_compiles(rewrite_greedily(gm, inputs, gemm_loops=True))
+            graph = as_backend_compiles(rewrite_greedily(gm, inputs, gemm_loops=True, training=False))
             pred = predicted(graph, inputs, 0.0, gemm_loops=True)
         else:
             pred = math.nan  # Optimus's graph has no optimize() report

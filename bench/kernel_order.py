@@ -43,8 +43,8 @@ def run(name: str, train: bool) -> tuple[dict[str, list[int]], bool]:
 
     with one_thread():
         model, inputs, gm, params, expected, expected_grads = traced_with_reference(name, train)
-        egg = optimize(gm, list(inputs), budget_s=1.0)
-        egg_loops = optimize(gm, list(inputs), budget_s=1.0, gemm_loops=True)  # priced for the loops
+        egg = optimize(gm, list(inputs), budget_s=1.0, training=train)
+        egg_loops = optimize(gm, list(inputs), budget_s=1.0, gemm_loops=True, training=train)  # priced for the loops
         graphs = {"inductor": gm, "optimus": inductor_with_optimus(gm, list(inputs), post_grad=train), "optimus_egg": egg}
         counts, ok = {}, True
         for arm, g in graphs.items():

@@ -66,7 +66,7 @@ def model_part(name: str, rounds: int) -> None:
     from optimus_egg.pipeline import optimize
 
     model, inputs, gm, params, expected, expected_grads = traced_with_reference(name, train=True)
-    egg = optimize(gm, inputs, budget_s=1.0, gemm_loops=True)
+    egg = optimize(gm, inputs, budget_s=1.0, gemm_loops=True, training=True)
     arms = {"inductor": (gm, {}), "inductor+masks": (gm, {"post_grad_custom_post_pass": MASK_STORES}),
             "optimus_egg no masks": (as_backend_compiles(measure.copy_graph_module(egg), mask_stores=False), {}),
             "optimus_egg": (as_backend_compiles(egg), {})}

@@ -54,7 +54,7 @@ def run(name: str, train: bool) -> bool:
     with one_thread():
         torch.manual_seed(0)
         model, inputs, gm, params, expected, expected_grads = traced_with_reference(name, train)
-        egg = as_backend_compiles(optimize(gm, list(inputs), budget_s=1.0), post_grad=False, gemm_loops=False)
+        egg = as_backend_compiles(optimize(gm, list(inputs), budget_s=1.0, training=train), post_grad=False, gemm_loops=False)
         cells, ok = [], True
         for label, patches in (("without", {}), ("with", post_grad_patches(EGG_POST_GRAD))):
             c = compile_inductor(egg, inputs, training=train, config_patches=patches)

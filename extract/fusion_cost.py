@@ -69,10 +69,12 @@ Shape = tuple[int, ...]
 
 
 def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None] | None = None,
-                   table: str = "cpu") -> int:
+                   table: str = "cpu", strided_of: Callable[[fx.Node], bool] | None = None) -> int:
     """Predicted Inductor kernel launches of `gm` (extern calls + fused kernels). With
     `shape_of` (a node's tensor shape, None where unknown), GEMMs that the target (`table`,
-    launch_cost.py) computes as elementwise code fuse like elementwise ops."""
+    launch_cost.py) computes as elementwise code fuse like elementwise ops; `strided_of` (is a
+    node's value read with non-contiguous rows: shapes.rows_strided; default never) tells the
+    GEMMs whose loops would not vectorize, which stay calls."""
     kind: dict[fx.Node, str] = {}   # leaf | view | extern | compute
     leafy: dict[fx.Node, bool] = {}  # computed from graph inputs / parameters only
     modules = dict(gm.named_modules(remove_duplicate=False))
@@ -87,7 +89,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
         if n.op == "output":
             continue
         ins = [a for a in n.all_input_nodes if a in kind]
-        kind[n] = node_kind(n, modules, shape_of, table)
+        kind[n] = node_kind(n, modules, shape_of, table, strided_of)
         random = random or draws_random(n, modules)
         leafy[n] = all(leafy.get(a, False) for a in ins) and kind[n] != "extern"
 
@@ -223,7 +225,7 @@ def _gemm_into_slice(a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Sh
 
 
 def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None = None,
-              table: str = "cpu") -> str:
+              table: str = "cpu", strided_of: Callable[[fx.Node], bool] | None = None) -> str:
     """How Inductor computes a node: "leaf" (a graph input or parameter), "view", "extern" (a
     call of its own) or "compute" (code it generates and fuses)."""
     if n.op in ("placeholder", "get_attr"):
@@ -237,7 +239,7 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
         return "compute"
     if (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name
             or (table in CPU_TABLES and name in SCANS)) and not (
-            shape_of is not None and _elementwise_gemm(n, name, modules, shape_of, table)):
+            shape_of is not None and _elementwise_gemm(n, name, modules, shape_of, table, strided_of)):
         return "extern"
     return "compute"
 
@@ -317,13 +319,16 @@ def _extern_paths(gm: fx.GraphModule, kind: dict[fx.Node, str]) -> Callable[[fx.
 
 
 def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[fx.Node], Shape | None],
-                      table: str) -> bool:
+                      table: str, strided_of: Callable[[fx.Node], bool] | None = None) -> bool:
     """Is this matmul or linear one the target computes as elementwise code?"""
     def shape(a):
         return shape_of(a) if isinstance(a, fx.Node) else None
 
+    def strided(a):
+        return strided_of is not None and isinstance(a, fx.Node) and strided_of(a)
+
     if name in ("mm", "bmm", "matmul") and len(n.args) >= 2:
-        return elementwise_matmul(shape(n.args[0]), shape(n.args[1]), table)
+        return elementwise_matmul(shape(n.args[0]), shape(n.args[1]), table, strided(n.args[0]) and strided(n.args[1]))
     if name == "batched_linear" and len(n.args) >= 2:
         bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("b")
         return elementwise_batched_linear(shape(n.args[0]), shape(n.args[1]), bias is not None, table)
@@ -335,7 +340,7 @@ def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[
     else:
         x, w = shape(n.args[0]), shape(n.args[1])
         bias = (n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")) is not None
-    return elementwise_linear(x, w, bias or _bias_by_add(n, x, w, modules, shape), table)
+    return elementwise_linear(x, w, bias or _bias_by_add(n, x, w, modules, shape), table, strided(n.args[0]))
 
 
 def _bias_by_add(n: fx.Node, x: Shape | None, w: Shape | None, modules: dict,

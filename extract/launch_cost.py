@@ -84,10 +84,25 @@ def graph_table(gm, inputs, gemm_loops: bool = False) -> str:
     return table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops)
 
 
-def loops_gemm(macs: float, table: str) -> bool:
+def loops_gemm(macs: float, table: str, scalar: bool = False) -> bool:
     """Is a GEMM of `macs` multiply-adds one the target writes as loops (gemm_loops.py)? Shapes
-    with a symbolic dim (priced as huge) never are."""
-    return table == LOOPS and macs <= MAX_MACS
+    with a symbolic dim (priced as huge) never are, nor a GEMM whose loops would be `scalar`
+    (not vectorized: gemm_loops.vectorizes)."""
+    return table == LOOPS and macs <= MAX_MACS and not scalar
+
+
+# In training a GEMM's launches are three calls, its forward and two in the backward (the
+# input's gradient and the weight's), and its price, one unit, stands for all three. A small
+# GEMM whose loops would run scalar forward (an operand's rows strided: a call) has backward
+# GEMMs the loops write as vectorized code (one reads the contiguous gradient, the other the
+# weight): one call of the three. On wukong's linears over transposed embeddings, merged into
+# one GEMM past MAX_MACS, the training step compiled 4 launches more than with them apart.
+TRAINING_SCALAR_GEMM = 1 / 3
+
+
+def scalar_gemm_price(table: str, training: bool) -> float:
+    """The price of a GEMM the loops would write but run scalar, so it stays a call."""
+    return TABLES[table]["gemm"] * (TRAINING_SCALAR_GEMM if training else 1.0)
 
 
 def launch_cost(op: str, target_name: str | None = None, table: str = "cpu") -> float:
@@ -114,27 +129,33 @@ def launch_cost(op: str, target_name: str | None = None, table: str = "cpu") -> 
 SMALL_ADDMM = 16
 
 
-def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bias: bool, table: str = "cpu") -> bool:
-    """Is linear(x, w, bias) one Inductor computes as elementwise code on this target?"""
+def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bias: bool, table: str = "cpu",
+                       strided: bool = False) -> bool:
+    """Is linear(x, w, bias) one Inductor computes as elementwise code on this target? `strided`:
+    x's rows are not contiguous (shapes.rows_strided), so the loops would not vectorize (w.T's
+    rows never are)."""
     if not x or not w or len(w) != 2:
         return False
-    if loops_gemm(math.prod(x) * w[0], table):
+    if loops_gemm(math.prod(x) * w[0], table, scalar=strided):
         return True
     if table not in CPU_TABLES or not bias:
         return False
     return math.prod(x[:-1]) == 1 and w[0] <= SMALL_ADDMM and w[1] <= SMALL_ADDMM
 
 
-def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, table: str = "cpu") -> bool:
+def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, table: str = "cpu",
+                       strided: bool = False) -> bool:
     """Is mm / bmm / matmul(a, b) one Inductor computes as elementwise code on this target? On
     CPU its decompositions turn a dot product ([1, K] @ [K, 1]) and a small outer product
     ([M, 1] @ [1, N], at most 32 elements in) into multiplies and a sum; its bmm lowering does
     the same for every batched matrix-vector product ([B, 1, K] @ [B, K, N] or
     [B, M, K] @ [B, K, 1], any size) and its decomposition for a batch of outer products
     ([B, M, 1] @ [B, 1, N]). With the loops (LOOPS) every product of at most MAX_MACS
-    multiply-adds is, whose second operand is a matrix or has the first's batch dims."""
+    multiply-adds is, whose second operand is a matrix or has the first's batch dims, unless
+    `strided`: neither operand's rows are contiguous (shapes.rows_strided), so the loops would
+    not vectorize."""
     if a and b and len(a) >= 2 and len(b) >= 2 and (len(b) == 2 or tuple(a[:-2]) == tuple(b[:-2])):
-        if loops_gemm(math.prod(a) * b[-1], table):
+        if loops_gemm(math.prod(a) * b[-1], table, scalar=strided):
             return True
     if table not in CPU_TABLES or not a or not b or len(a) != len(b) or len(a) not in (2, 3):
         return False

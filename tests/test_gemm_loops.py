@@ -276,3 +276,153 @@ def test_fusion_estimate_counts_loop_code_as_cpu_kernels():
         calls = compile_inductor(gm, inputs, config_patches=backend_patches(gemm_loops=False)).launches.total
     assert fused_launches(gm, shapes, lc.LOOPS) == loops == 3  # the two large GEMMs, then one run of code
     assert calls > loops  # without the loops the small GEMMs are calls too
+
+
+def _transposed_mm(x, w):
+    """A linear over a transposed input as Inductor sees it: clone, view, mm with w.T."""
+    rows = torch.transpose(x, 1, 2).clone().reshape(-1, x.shape[1])
+    return torch.mm(rows, w.t())
+
+
+def _contiguous_mm(x, w):
+    return torch.mm(x.reshape(-1, x.shape[2]), w.t())
+
+
+@pytest.mark.parametrize("program,rewritten", [(_transposed_mm, 0), (_contiguous_mm, 1)])
+def test_loops_only_where_they_vectorize(program, rewritten):
+    """A small GEMM whose rows Inductor would read with a stride (x [8, 8, 16] transposed: each
+    row of the [128, 8] operand steps 16 through x) stays a call: its loops would run scalar.
+    The same GEMM on contiguous rows is rewritten. Values equal before and after."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 8, 16, generator=g), torch.randn(8, 8 if program is _transposed_mm else 16, generator=g)
+    gm = make_fx(program, tracing_mode="fake")(x, w)
+    before = gm(x, w)
+    (mm,) = [n for n in gm.graph.nodes if n.target in GEMMS]
+    assert gemm_loops.small_gemm(mm)
+    assert gemm_loops.vectorizes(mm) is bool(rewritten)
+    assert gemm_loops.rewrite(gm.graph) == rewritten
+    gm.recompile()
+    torch.testing.assert_close(gm(x, w), before)
+
+
+def test_source_offsets_replay_the_views_before_a_gemm():
+    """Each element of an operand maps to its offset in the buffer Inductor reads: through a
+    transpose, a copy and a view back to x's own layout."""
+    x, w = torch.randn(2, 3, 4), torch.randn(5, 3)
+    gm = make_fx(_transposed_mm, tracing_mode="fake")(x, w)
+    (mm,) = [n for n in gm.graph.nodes if n.target in GEMMS]
+    offsets = gemm_loops.source_offsets(mm.args[0])
+    # rows of the [8, 3] operand are (batch, column of x) pairs; each steps 4 through x
+    expected = torch.arange(24).reshape(2, 3, 4).transpose(1, 2).reshape(8, 3)
+    assert torch.equal(offsets, expected)
+    assert torch.equal(gemm_loops.source_offsets(mm.args[1]), torch.arange(15).reshape(5, 3).t())
+
+
+def test_rows_strided_reads_tensors_metas_and_tensor_metadata():
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    from optimus_egg.shapes import Meta, rows_strided
+
+    t = torch.randn(4, 6)
+    assert not rows_strided(t) and rows_strided(t.t())
+    assert not rows_strided(torch.randn(4, 1).t().t())  # a last dim of 1 has no stride to speak of
+    assert rows_strided(Meta((6, 4), t.dtype, t.device, (1, 6)))
+    assert not rows_strided(Meta((6, 4), t.dtype, t.device))  # strides unknown
+    assert rows_strided(_extract_tensor_metadata(t.t())) and not rows_strided(_extract_tensor_metadata(t))
+    assert not rows_strided(None) and not rows_strided(3)
+
+
+class _Mixes(nn.Module):
+    """Wukong's compress pattern: two bias-free linears over one input transposed, [B, d, n] @
+    [n, o], each small enough for the loops but read with stride d."""
+
+    def __init__(self, n: int = 8, transposed: bool = True):
+        super().__init__()
+        self.transposed = transposed
+        self.a, self.b = nn.Linear(n, 8, bias=False), nn.Linear(n, 4, bias=False)
+
+    def forward(self, x):
+        t = torch.transpose(x, 1, 2) if self.transposed else x
+        return torch.cat([torch.relu(self.a(t)), torch.tanh(self.b(t))], 2)
+
+
+@pytest.mark.parametrize("transposed", [True, False])
+def test_search_batches_small_gemms_the_loops_would_run_scalar(transposed):
+    """Priced for the loops, linears over a transposed input stay calls (shapes.rows_strided),
+    so the search merges them into one (batch-linear-lhs), one call fewer than the input
+    compiles to; on a contiguous input of the same sizes they are loops and stay apart. The
+    whole-graph estimate of the result matches Inductor's count both ways, and values equal
+    the input graph's."""
+    from optimus_egg import optimize
+    from optimus_egg.baselines import as_backend_compiles
+    from optimus_egg.bench import predicted_launches
+    from optimus_egg.testing import fired
+
+    torch.manual_seed(0)
+    gm = fx.symbolic_trace(_Mixes(transposed=transposed).eval())
+    x = torch.randn(64, 8, 16) if transposed else torch.randn(64, 16, 8)
+    out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, training=False)
+    report = out.meta["optimus_egg"]
+    assert fired(report, "batch-linear-lhs") is transposed, report
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), gm(x))
+        compiled = compile_inductor(as_backend_compiles(out), [x])
+        torch.testing.assert_close(compiled.fn(x), gm(x))
+        before = compile_inductor(as_backend_compiles(fx.GraphModule(gm, gm.graph)), [x])
+    assert compiled.launches.extern == (1 if transposed else 0), compiled.launches
+    assert predicted_launches(out, [x], gemm_loops=True) == compiled.launches.total, compiled.launches
+    assert before.launches.extern == (2 if transposed else 0), before.launches
+    assert compiled.launches.total == before.launches.total - (1 if transposed else 0)
+
+
+def test_training_keeps_apart_small_gemms_whose_backward_the_loops_write():
+    """In training the two transposed linears stay apart (launch_cost.TRAINING_SCALAR_GEMM):
+    each is a call forward, but their backward GEMMs are loops, while the merged GEMM (98,304
+    multiply-adds, past MAX_MACS) is a call in the backward too. Compiled with a backward, the
+    graph priced for training launches fewer kernels than the one priced for inference, and
+    both give eager's values and gradients."""
+    from optimus_egg import optimize
+    from optimus_egg.baselines import as_backend_compiles
+    from optimus_egg.testing import fired
+
+    torch.manual_seed(0)
+    model = _Mixes().train()
+    gm, x = fx.symbolic_trace(model), torch.randn(64, 8, 16, requires_grad=True)
+    expected = model(x)
+    expected.sum().backward()
+    want = [p.grad.clone() for p in (x, *model.parameters())]
+    launches = {}
+    for training in (False, True):
+        out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, training=training)
+        report = out.meta["optimus_egg"]
+        assert report.training is training
+        assert fired(report, "batch-linear-lhs"), report  # the merge is in the e-graph both times
+        linears = sum(n.op == "call_module" or n.target is torch._C._nn.linear for n in out.graph.nodes)
+        assert linears == (2 if training else 1), out.graph
+        compiled = compile_inductor(as_backend_compiles(out), [x], training=True)
+        x.grad = None
+        model.zero_grad()
+        got = compiled.fn(x)
+        got.sum().backward()
+        torch.testing.assert_close(got, expected)
+        for p, w in zip((x, *model.parameters()), want):
+            torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-5)
+        launches[training] = compiled.launches
+    assert launches[True].extern < launches[False].extern, launches
+    assert launches[True].total < launches[False].total, launches
+
+
+def test_training_defaults_to_what_aot_autograd_decides():
+    """optimize's `training` (None) is on where grad mode is on and an input or parameter
+    requires grad; a non-bool is a TypeError."""
+    from optimus_egg import optimize
+
+    gm, x = fx.symbolic_trace(_Mixes()), torch.randn(4, 8, 16)
+    assert optimize(gm, [x], budget_s=0.0).meta["optimus_egg"].training is True  # parameters require grad
+    with torch.no_grad():
+        assert optimize(gm, [x], budget_s=0.0).meta["optimus_egg"].training is False
+    frozen = fx.symbolic_trace(_Mixes().requires_grad_(False))
+    assert optimize(frozen, [x], budget_s=0.0).meta["optimus_egg"].training is False
+    assert optimize(frozen, [x.requires_grad_()], budget_s=0.0).meta["optimus_egg"].training is True
+    with pytest.raises(TypeError, match="training"):
+        optimize(gm, [x], training="yes")

@@ -245,7 +245,8 @@ def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any], gemm_loops: bo
 
     try:
         table = graph_table(gm, inputs, gemm_loops)
-        return float(fused_launches(gm, fx_shapes(gm, inputs), table))
+        shape_of, strided_of = fx_layouts(gm, inputs)
+        return float(fused_launches(gm, shape_of, table, strided_of))
     except Exception:  # noqa: BLE001 - an unreadable graph has no prediction
         return math.nan
 
@@ -253,12 +254,18 @@ def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any], gemm_loops: bo
 def fx_shapes(gm: fx.GraphModule, inputs: Sequence[Any]):
     """node -> its tensor shape (None where it is not one), as from_fx propagates them
     (shapes.propagate_shapes), run on copies of ``inputs`` with the random state restored."""
-    from optimus_egg.shapes import propagate_shapes
+    return fx_layouts(gm, inputs)[0]
+
+
+def fx_layouts(gm: fx.GraphModule, inputs: Sequence[Any]):
+    """`fx_shapes` and, from the same run, node -> are its value's rows strided
+    (shapes.rows_strided): fused_launches' `shape_of` and `strided_of`."""
+    from optimus_egg.shapes import propagate_shapes, rows_strided
 
     copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
     with torch.random.fork_rng():
         values = propagate_shapes(gm, copies, mutates=False)
-    return lambda n: getattr(values.get(n), "shape", None)
+    return (lambda n: getattr(values.get(n), "shape", None)), (lambda n: rows_strided(values.get(n)))
 
 
 def _outcome(report) -> str:
@@ -413,12 +420,12 @@ def run_model(
         if "optimus_egg" in wanted:
             for b in budgets:
                 t = time.perf_counter()
-                egg = optimize(gm, inputs, budget_s=b, gemm_loops=gemm_loops)
+                egg = optimize(gm, inputs, budget_s=b, gemm_loops=gemm_loops, training=train)
                 as_backend_compiles(egg, gemm_loops=gemm_loops)
                 plan.append(_Arm(egg_arm(b), _budget_label(b), egg, time.perf_counter() - t,
                                  report=egg.meta["optimus_egg"], gemm_loops=gemm_loops))
         if GREEDY_RULES in wanted:
-            greedy = rewrite_greedily(gm, inputs, gemm_loops=gemm_loops)
+            greedy = rewrite_greedily(gm, inputs, gemm_loops=gemm_loops, training=train)
             as_backend_compiles(greedy, gemm_loops=gemm_loops)
             rep = greedy.meta["optimus_egg_greedy"]
             plan.append(_Arm(GREEDY_RULES, "", greedy, rep.seconds, report=rep, gemm_loops=gemm_loops))
@@ -491,7 +498,7 @@ def run_optimize_only(name: str, budget: float = 1.0, out: TextIO | None = None)
         model.eval()
         gm = fx.symbolic_trace(model)
         t = time.perf_counter()
-        egg = optimize(gm, list(inputs), budget_s=budget, gemm_loops=True)  # as the bench's optimus_egg arm
+        egg = optimize(gm, list(inputs), budget_s=budget, gemm_loops=True, training=False)  # as the bench's optimus_egg arm
         optimize_s = time.perf_counter() - t
     rep = egg.meta["optimus_egg"]
     row = {c: "" for c in COLUMNS}

@@ -107,7 +107,9 @@ class Lowered:
     symbols: dict[str, tuple[int, object]] = field(default_factory=dict)  # symbol or expression -> (sentinel, source) (shapes.py)
     leaf_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # Tensor.input name -> shape
     grad_reach: set[fx.Node] | None = None  # the nodes a gradient of the outputs reaches (_grad_reach), once seeded
+    strided: set[fx.Node] = field(default_factory=set)  # values whose rows are not contiguous (shapes.rows_strided)
     out_of_place: int = 0                 # writes into fresh values made out-of-place (functional.py); gm is then a copy
+    training: bool = False                # priced for a compile with a backward (optimize's `training`)
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -410,6 +412,7 @@ class _Lowerer:
         self.selects: dict[tuple[fx.Node, int], str] = {}  # (x, d) -> the variable naming unbind(x, d)
         self.reading: list[str] = []            # variables read by the node being lowered
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}  # symbolic sizes as sentinels (shapes.py)
+        self.strided: set[fx.Node] = set()  # values whose rows are not contiguous (shapes.rows_strided)
         self.cats: dict[fx.Node, tuple[int, list[fx.Node]]] = {}  # cat -> (dim, operands)
         self.stacks: dict[fx.Node, tuple[int, list[fx.Node]]] = {}  # stack -> (dim, operands)
         self.splits: dict[fx.Node, tuple[fx.Node, int, list[int] | None]] = {}  # split / unbind -> (x, dim, sizes)
@@ -461,6 +464,8 @@ class _Lowerer:
         shp = symbolic_shape(v, self.symbols) if not self.symbols or _meta_value(n) is not None else None
         if shp is not None:
             self.shapes[n] = shp
+        if shapes.rows_strided(v):
+            self.strided.add(n)
         if n.op in ("placeholder", "get_attr"):
             self.leaves[n.name] = n
             if shp is not None:
@@ -1048,7 +1053,8 @@ class _Lowerer:
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         self.loops = set()  # GEMMs the loops write as code (launch_cost.LOOPS), Inductor's own decompositions not
         for n, k in self.kind.items():
-            if k[0] == "linear" and self.code_gemm(n, elementwise_linear, k[1][0], k[1][1], k[2][2] is not None):
+            if k[0] == "linear" and self.code_gemm(n, elementwise_linear, k[1][0], k[1][1], k[2][2] is not None,
+                                                   strided=k[2][0] in self.strided):
                 continue  # fused with its neighbours; a batch of them would be a baddbmm, which launches
             if k[0] in ("linear", "layer_norm", "pointwise", "binary") and n in self.expr and n in self.shapes:
                 buckets[(k[0], k[1], depth[n], n in reach, n.meta.get(PART))].append(n)
@@ -1094,12 +1100,13 @@ class _Lowerer:
         counts.pop("_groups", None)
         return dict(counts)
 
-    def code_gemm(self, n: fx.Node, elementwise: Callable[..., bool], *shapes) -> bool:
+    def code_gemm(self, n: fx.Node, elementwise: Callable[..., bool], *shapes, strided: bool = False) -> bool:
         """Is GEMM `n` elementwise code by Inductor's own decompositions (True: it joins no
-        group)? One the GEMM loops alone write as code goes into `self.loops` (False)."""
+        group)? One the GEMM loops alone write as code goes into `self.loops` (False).
+        `strided`: its operands' layout keeps the loops from vectorizing (launch_cost.py)."""
         if elementwise(*shapes, "cpu" if self.cost_table == LOOPS else self.cost_table):
             return True
-        if elementwise(*shapes, self.cost_table):
+        if elementwise(*shapes, self.cost_table, strided=strided):
             self.loops.add(n)
         return False
 
@@ -1139,7 +1146,7 @@ class _Lowerer:
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, dt, nobias, out) in self.lhs_kind.items():
             xs = self.shapes.get(x)
-            if xs and self.code_gemm(n, elementwise_linear, xs, (out, xs[-1]), not nobias):
+            if xs and self.code_gemm(n, elementwise_linear, xs, (out, xs[-1]), not nobias, strided=x in self.strided):
                 continue  # no GEMM to share: a wide one would launch where the members fuse
             if n in self.expr and n in self.shapes:  # equal inputs: one key
                 buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach, n.meta.get(PART))].append(n)
@@ -1205,7 +1212,7 @@ class _Lowerer:
                 continue  # a 1-D operand is a vector product: no last dim to concatenate on
             if ys[-1] >= SYMBOLIC_MIN or out[-1] != ys[-1]:
                 continue
-            if self.code_gemm(n, elementwise_matmul, xs, ys):
+            if self.code_gemm(n, elementwise_matmul, xs, ys, strided=self.strided.issuperset((x, y))):
                 continue  # no GEMM to share: a wide one would launch where the members fuse
             buckets[(self.expr.get(x, x), tid, self.dtype(y), ys[:-1], n in reach, n.meta.get(PART))].append(n)
         for candidates in map(self.distinct, buckets.values()):
@@ -1246,7 +1253,7 @@ class _Lowerer:
                 continue
             if len(xs) < 2 or len(xs) != len(ys) or self.templates[tid].target not in _BROADCAST_MATMUL:
                 continue
-            if self.code_gemm(n, elementwise_matmul, xs, ys):
+            if self.code_gemm(n, elementwise_matmul, xs, ys, strided=self.strided.issuperset((x, y))):
                 continue
             z = _untransposed(y, self.shapes)
             key = (tid, xs, ys, self.dtype(x), self.dtype(y), z is not None and z in self.expr, n in reach, n.meta.get(PART))
@@ -1512,4 +1519,4 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: 
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes, lw.grad_reach)
+                   groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes, lw.grad_reach, lw.strided)

@@ -8,7 +8,16 @@ generates as C++ code and fuses with its neighbours: the launch goes, and with i
 overhead that dominates a GEMM of a few thousand multiply-adds. This pass rewrites, in the
 ATen graph Inductor compiles (forward and backward, after any post-grad batching), each GEMM
 of at most MAX_MACS multiply-adds whose operands are float32 / float64 CPU tensors of static
-shape, beta and alpha 1. Every other GEMM stays an extern call.
+shape, beta and alpha 1, and whose loops vectorize (`vectorizes`). Every other GEMM stays an
+extern call.
+
+Inductor vectorizes the loops of A [M, K] @ B [K, N] along N where B's rows are contiguous, or
+along K where A's rows and B's columns are; otherwise they run scalar. Inductor reads through
+the views and copies between an operand and the buffer it comes from, so the layout that counts
+is that buffer's: `vectorizes` replays them on the buffer's element offsets. Scalar loops lose
+to the call: wukong's linears over transposed embeddings ([1024, 8] @ [8, 8], each row read
+with stride 16), as loops, left its forward 1.05 x slower than plain Inductor's; called, with
+the search batching them as extern GEMMs, 0.88 x (`bench/gemm_loops.py`).
 
 MAX_MACS is measured: on optimus_egg's graphs of the bench models (1 torch thread, 60-80
 interleaved rounds, step time against the same graph with every GEMM extern) no model ran
@@ -47,6 +56,12 @@ def _val(a):
 
 def written_as_loops(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
     """Is `node` a GEMM this pass rewrites?"""
+    return small_gemm(node, max_macs) and vectorizes(node)
+
+
+def small_gemm(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
+    """Is `node` a GEMM of at most `max_macs` multiply-adds on float CPU tensors of static
+    shape, beta and alpha 1 (the loops' operands, whatever their layout)?"""
     first = _GEMMS.get(node.target)
     if first is None or len(node.args) != first + 2:
         return False
@@ -65,6 +80,41 @@ def written_as_loops(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
     if not all(isinstance(d, int) for d in dims):
         return False
     return math.prod(dims) <= max_macs
+
+
+# Ops Inductor reads through without a buffer of their own: an operand behind them is read
+# from the buffer before them, with their index arithmetic.
+_LAYOUT_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default,
+               aten.permute.default, aten.transpose.int, aten.t.default, aten.unsqueeze.default,
+               aten.squeeze.dim, aten.squeeze.default, aten.expand.default, aten.alias.default}
+
+
+def source_offsets(a: fx.Node) -> torch.Tensor:
+    """For each element of operand `a`, its offset in the buffer Inductor reads it from: the
+    layout ops before `a` replayed on that buffer's offsets (an int64 tensor of a's shape)."""
+    chain = []
+    while a.op == "call_function" and a.target in _LAYOUT_OPS and isinstance(a.args[0], fx.Node):
+        chain.append(a)
+        a = a.args[0]
+    v = _val(a)
+    span = 1 + sum((s - 1) * st for s, st in zip(v.shape, v.stride()))
+    t = torch.as_strided(torch.arange(span), v.shape, v.stride())
+    for n in reversed(chain):
+        t = n.target(t, *n.args[1:], **n.kwargs)
+    return t
+
+
+def _unit(offsets: torch.Tensor, dim: int) -> bool:
+    """Are consecutive elements along `dim` adjacent in memory?"""
+    return offsets.shape[dim] < 2 or bool((offsets.diff(dim=dim) == 1).all())
+
+
+def vectorizes(node: fx.Node) -> bool:
+    """Do the loops of GEMM `node` (A [.., M, K] @ B [.., K, N]) vectorize: B's rows contiguous
+    in the buffer they are read from (along N), or A's rows and B's columns (along K)?"""
+    first = _GEMMS[node.target]
+    a, b = source_offsets(node.args[first]), source_offsets(node.args[first + 1])
+    return _unit(b, -1) or (_unit(a, -1) and _unit(b, -2))
 
 
 def call_with_val(graph: fx.Graph, target, args: tuple) -> fx.Node:

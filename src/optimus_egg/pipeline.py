@@ -25,7 +25,7 @@ from optimus_egg.extract.fusion_cost import fused_launches
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, elementwise_batched_linear, elementwise_linear,
-                                             elementwise_matmul, launch_cost)
+                                             elementwise_matmul, launch_cost, scalar_gemm_price)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
@@ -48,6 +48,7 @@ class Report:
     matches: dict[str, int] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
     cost_table: str = ""            # extract/launch_cost.py TABLES entry used ("cpu": the only one calibrated)
+    training: bool = False          # priced for a compile with a backward (optimize's `training`)
     cost_before: float = math.nan   # extraction objective: launches per node (extract/launch_cost.py) + tie-breakers
     cost_after: float = math.nan
     launches_before: int | None = None  # whole-graph estimate with fusion (extract/fusion_cost.py)
@@ -133,9 +134,11 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
     table = lowered.cost_table
     memo: dict[tuple, tuple[float, str | None]] = {}  # (op, template) -> (launches, GEMM name): a few dozen keys
     shapes = class_shapes(g, known_shapes(lowered, g))
+    strided = strided_classes(lowered, g)
     size = sizes(shapes) if with_work else {}
     scale = WORK_EPS / work_unit(lowered) if with_work else 0.0
     elementwise = launch_cost("unary", None, table)
+    scalar_gemm = scalar_gemm_price(table, lowered.training)
 
     def cost(n: Node) -> float:
         if n.op in ("cat", "stack") and all(_none(g, c) for c in g.values[n.children[0]]):
@@ -150,15 +153,25 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
         launches = c[0]
         x, w = (shapes.get(n.children[0]), shapes.get(n.children[1])) if n.op in ("linear", "batched_linear") \
             else (None, None)
-        if (n.op == "linear" and elementwise_linear(x, w, n.children[2] in shapes, table)) or (
-                n.op == "batched_linear" and elementwise_batched_linear(x, w, not _no_bias(g, n.children[2]), table)):
+        if n.op == "linear" and elementwise_linear(x, w, n.children[2] in shapes, table):
+            # code, unless only the loops make it code and they would run scalar: then a call
+            launches = elementwise if elementwise_linear(x, w, n.children[2] in shapes, table, n.children[0] in strided) \
+                else scalar_gemm
+        elif n.op == "batched_linear" and elementwise_batched_linear(x, w, not _no_bias(g, n.children[2]), table):
             launches = elementwise
         elif c[1] in ("mm", "bmm", "matmul") and n.op == "call":
             args = g.values[n.children[1]]
-            if len(args) >= 2 and elementwise_matmul(shapes.get(args[0]), shapes.get(args[1]), table):
-                launches = elementwise
+            a, b = (shapes.get(args[0]), shapes.get(args[1])) if len(args) >= 2 else (None, None)
+            if elementwise_matmul(a, b, table):
+                launches = elementwise if elementwise_matmul(a, b, table, strided.issuperset(args[:2])) else scalar_gemm
         return launches + scale * work(g, n, shapes, size, c[1]) if launches and scale else launches
     return cost
+
+
+def strided_classes(lowered: Lowered, g: Graph) -> set[str]:
+    """Tensor classes lowered from an FX value whose rows are not contiguous (from_fx's
+    `strided`); classes the rules built (stacks, batched results) are contiguous."""
+    return {c for c, i in g.origins.items() if lowered.nodes[i] in lowered.strided}
 
 
 def _none(g: Graph, cls: str) -> bool:
@@ -214,7 +227,7 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 
 def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, strict: bool = False,
              disable: tuple[str, ...] | list[str] = (), limits: Limits | None = None,
-             verify: bool = False, gemm_loops: bool = False) -> fx.GraphModule:
+             verify: bool = False, gemm_loops: bool = False, training: bool | None = None) -> fx.GraphModule:
     """Rewrite `gm` to launch fewer kernels; returns a new GraphModule with the same values.
 
     budget_s bounds the saturation search (0: no search, an equivalent graph comes back, its
@@ -227,16 +240,23 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     gemm_loops: price the graph as Inductor compiles it with small CPU GEMMs as loops
     (gemm_loops.py; the backend's gemm_loops option): such a GEMM is elementwise code fused
     with its neighbours, so the search leaves it unbatched. Prices only; values never change.
+    training: price for a compile with a backward (launch_cost.TRAINING_SCALAR_GEMM); default
+    (None) as AOT autograd decides: grad mode on and an input or parameter requiring grad.
     """
     _check_args(gm, example_inputs, budget_s, disable)
     if not isinstance(gemm_loops, bool):
         raise TypeError(f"optimize: gemm_loops must be a bool, got {type(gemm_loops).__name__}")
+    if training is not None and not isinstance(training, bool):
+        raise TypeError(f"optimize: training must be a bool or None, got {type(training).__name__}")
     inputs = check_inputs(gm, example_inputs)
-    report = Report()
+    if training is None:
+        training = torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in [*inputs, *gm.parameters()])
+    report = Report(training=training)
     start = time.perf_counter()
     try:
         with worker.frozen_heap():
-            result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report, gemm_loops)
+            result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report, gemm_loops, training)
         if verify and result is not gm and not _same_values(gm, result, inputs):
             raise RuntimeError("verify: the optimized graph's values differ from the input graph's")
     except ValueError:
@@ -263,9 +283,9 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
 FIRST_ITERATION_S_PER_NODE = 2e-5
 
 
-def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False) -> fx.GraphModule:
+def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, training=False) -> fx.GraphModule:
     if parts.has_state_changes(gm) or (budget_s > 0 and parts.bodies(gm)):
-        return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops)
+        return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training)
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
         report.stop_reason = "budget"  # cost_before stays NaN: the input was not priced
         return gm
@@ -274,6 +294,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False) -
     # egglog-python translates the rules on first use: done beside the shape propagation
     meanwhile = (lambda: warm(rulesets)) if budget_s > 0 else None
     lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile, gemm_loops=gemm_loops)
+    lowered.training = training
     report.groups = lowered.groups
     report.out_of_place = lowered.out_of_place
     src = lowered.gm  # gm, or its copy with writes into fresh values made out-of-place
@@ -308,8 +329,9 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False) -
     # it predicts more launches for the result (never seen on the bench models).
     shapes = class_shapes(g1, known_shapes(lowered, g1))
     report.launches_before = before.launches()
+    strided = strided_classes(lowered, g1)
     report.launches_after = fused_launches(out, lambda n: _tensor_shape(shapes.get(classes.get(n))),
-                                           lowered.cost_table)
+                                           lowered.cost_table, lambda n: classes.get(n) in strided)
     if report.launches_after > report.launches_before:
         report.kept_input = (f"the fusion estimate predicts {report.launches_after} launches for the result, "
                              f"{report.launches_before} for the input")
@@ -416,12 +438,12 @@ def _reached_leaves(gm: fx.GraphModule, inputs, reach: set[fx.Node] | None = Non
     return ins, {n.target for n in reach if n.op in ("get_attr", "call_module")}
 
 
-def _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops) -> fx.GraphModule:
+def _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training) -> fx.GraphModule:
     """A graph with stretches between grad-mode / autocast changes or checkpointed bodies: its
     parts side by side in one graph, optimized once (parts.py)."""
     def one(combined: fx.GraphModule, example_values: list) -> fx.GraphModule:
         try:
-            return _optimize(combined, example_values, budget_s, disable, limits, report, gemm_loops)
+            return _optimize(combined, example_values, budget_s, disable, limits, report, gemm_loops, training)
         except ValueError as e:  # the parts' example values come from meta, not the caller
             raise RuntimeError(f"the graph's parts (parts.py): {e}") from e
 
@@ -454,7 +476,8 @@ class _Before:
     def launches(self) -> int:
         """The input graph's whole-graph launch estimate (extract/fusion_cost.py)."""
         if self.launches_before is None:
-            self.launches_before = fused_launches(self.gm, self.lowered.shapes.get, self.lowered.cost_table)
+            self.launches_before = fused_launches(self.gm, self.lowered.shapes.get, self.lowered.cost_table,
+                                                  self.lowered.strided.__contains__)
         return self.launches_before
 
 

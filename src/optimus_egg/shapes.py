@@ -167,10 +167,25 @@ def check_inputs(gm: fx.GraphModule, example_inputs) -> list:
 
 @dataclass(frozen=True)
 class Meta:
-    """What lowering needs of a value: its static shape, dtype and device."""
+    """What lowering needs of a value: its static shape, dtype, device and strides."""
     shape: tuple
     dtype: torch.dtype
     device: torch.device
+    strides: tuple = ()
+
+    def stride(self) -> tuple:
+        return self.strides
+
+
+def rows_strided(v) -> bool:
+    """Is tensor value `v` (a tensor, Meta or TensorMetadata) read along its last dim with a
+    stride other than 1 (a transposed view, say)? Small GEMMs on such operands loop scalar
+    (gemm_loops.py)."""
+    shape = getattr(v, "shape", None)
+    stride = v.stride() if callable(getattr(v, "stride", None)) else getattr(v, "stride", None)
+    if not shape or not stride or len(stride) != len(shape):
+        return False
+    return type(shape[-1]) is int and shape[-1] > 1 and stride[-1] != 1
 
 
 def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool) -> dict[fx.Node, Any]:
@@ -225,7 +240,7 @@ def _summary(r):
     """What lowering keeps of a value: a tensor's Meta, a tuple of the items' summaries
     (lowering reads a tuple's length), or the value itself."""
     if isinstance(r, torch.Tensor):
-        return Meta(tuple(r.shape), r.dtype, r.device)
+        return Meta(tuple(r.shape), r.dtype, r.device, tuple(r.stride()))
     if isinstance(r, (tuple, list)) and not isinstance(r, torch.Size):
         return tuple(_summary(x) for x in r)
     return r
