@@ -36,10 +36,10 @@ import math
 from collections.abc import Callable
 
 import torch.fx as fx
-from optimus_egg.extract.launch_cost import (CPU_TABLES, GEMM_TARGETS, VIEW_TARGETS, elementwise_batched_linear,
-                                             elementwise_linear, elementwise_matmul)
+from optimus_egg.extract.launch_cost import (CPU_TABLES, GEMM_TARGETS, REDUCTION_TARGETS, VIEW_TARGETS,
+                                             elementwise_batched_linear, elementwise_linear, elementwise_matmul)
 from optimus_egg.from_fx import draws_random, is_mutation
-from optimus_egg.kernel_order import CALL, CODE, FREE, fewest_runs
+from optimus_egg.kernel_order import CALL, CODE, FREE, latest_phases
 
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
                          "scatter_add", "sort", "topk", "nonzero"}
@@ -178,7 +178,8 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
     order of the graph's computed nodes allows. A cat or stack is no code of its own: each
     operand gets into its slice apart, written there by its producer (a computed value, a 2-D
     GEMM's result: `_gemm_into_slice`) or copied by code that waits on that operand alone (a
-    view, an input, another call's result). A random op waits on the seed draw, a call."""
+    view, an input, another call's result). A random op waits on the seed draw, a call. A run
+    whose kernel would take more than MAX_KERNEL_ARGS buffers is cut (`_split_by_args`)."""
     kinds, deps = [CALL], [set()]  # item 0: the seed draw
     index: dict[fx.Node, int] = {}
     under: dict[fx.Node, set[int]] = {}  # a view -> the items it reads
@@ -209,7 +210,56 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
         else:
             k, d = (CALL if k == "extern" else CODE), set().union(*map(feeds, n.all_input_nodes))
         index[n] = item(k, d | ({0} if draws_random(n, modules) else set()))
-    return fewest_runs(kinds, deps)
+    phase = latest_phases(kinds, deps)
+    runs: dict[int, list[fx.Node]] = {}  # code phase -> its computed nodes, in graph order
+    for n, i in index.items():
+        if kinds[i] == CODE:
+            runs.setdefault(phase[i], []).append(n)
+    copies = {phase[i] for i, k in enumerate(kinds) if k == CODE} - set(runs)  # runs of slice copies only
+    return len(copies) + sum(_split_by_args(nodes, kind, modules) for nodes in runs.values())
+
+
+# Inductor's C++ backend ends a kernel once its arguments (buffers read and written) pass this
+# (`CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM`, a ctypes limit on arguments); the next node starts
+# another kernel in the same run of code.
+MAX_KERNEL_ARGS = 500
+# Computed values Inductor keeps in a buffer of their own even when read only in the kernel:
+# reductions, and GEMMs written as code (a sum over K). Counted against the compiled code of
+# illustrative (2 kernels of 508 and 203 arguments) and illustrative_1k (5 kernels).
+_NORMS = {"layer_norm", "layernorm", "native_layer_norm"}
+_REALIZED = REDUCTION_TARGETS | GEMM_TARGETS | _NORMS
+
+
+def _split_by_args(nodes: list[fx.Node], kind: dict, modules: dict) -> int:
+    """Kernels of one run of code, `nodes` in order: a kernel's arguments are the buffers its
+    nodes read from outside it (inputs, parameters, a module's too, calls' results, earlier
+    kernels' values, through views) and the values it computes that are read outside the run
+    or are kept in buffers anyway (`_REALIZED`)."""
+    run = set(nodes)
+    kernels, args, current = 1, set(), set()
+    for n in nodes:
+        todo, seen = list(n.all_input_nodes), set()
+        while todo:
+            a = todo.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            if kind.get(a) == "view":
+                todo.extend(a.all_input_nodes)
+            elif a not in current:
+                args.add(a)
+        if n.op == "call_module":  # its parameters and buffers
+            args.update((n.target, k) for k, _ in modules[n.target].named_parameters())
+            args.update((n.target, k) for k, _ in modules[n.target].named_buffers())
+        current.add(n)
+        name = _target_name(n, modules)
+        if any(u not in run for u in n.users) or name in _REALIZED:
+            args.add(n)
+        if name in _NORMS:
+            args.add((n, "stats"))  # a norm keeps two: its mean and its variance
+        if len(args) > MAX_KERNEL_ARGS:
+            kernels, args, current = kernels + 1, set(), set()
+    return kernels
 
 
 def _gemm_into_slice(a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None) -> bool:

@@ -142,3 +142,36 @@ def test_kernel_order_warns_and_keeps_the_order_when_an_inductor_internal_fails(
     nodes = [object(), object()]
     with pytest.warns(RuntimeWarning, match="kernel order skipped .TypeError"):
         assert kernel_order.fewest_cpu_kernels(nodes) == nodes
+
+
+class _Tanhs(torch.nn.Module):
+    """`n` rows of one input, each through tanh: one run of code with n + 1 buffers."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x):
+        return [torch.tanh(x[i]) for i in range(self.n)]
+
+
+def test_fusion_estimate_cuts_a_kernel_past_inductors_argument_limit():
+    """Inductor's C++ backend starts a new kernel once one takes more than 500 buffers
+    (fusion_cost.MAX_KERNEL_ARGS): 600 outputs in one run of code compile to two kernels, and
+    the estimate says two; 400 stay one. Values equal eager's."""
+    from torch import fx
+
+    from optimus_egg.baselines import backend_patches
+    from optimus_egg.bench import predicted_launches
+    from optimus_egg.extract.fusion_cost import MAX_KERNEL_ARGS
+
+    assert MAX_KERNEL_ARGS == 500
+    x = torch.randn(600, 8)
+    assert predicted_launches(fx.symbolic_trace(_Tanhs(400)), [x[:400]]) == 1
+    gm = fx.symbolic_trace(_Tanhs(600))
+    with torch.no_grad():
+        c = measure.compile_inductor(gm, [x], config_patches=backend_patches())
+        for got, want in zip(c.fn(x), gm(x)):
+            torch.testing.assert_close(got, want)
+    assert c.launches.cpp == 2 == c.launches.total
+    assert predicted_launches(gm, [x]) == 2

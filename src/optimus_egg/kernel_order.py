@@ -53,24 +53,24 @@ def regroup(kinds: list[str], deps: list[set[int]]) -> list[int]:
     """A new order of items 0..n-1 (given in a topological order) of `kinds` (CODE, CALL,
     FREE: no code, may go anywhere) where item i waits on the items `deps[i]`: fewest runs of
     CODE items between CALL items, each item as late as its readers allow."""
+    latest = latest_phases(kinds, deps)
+    return sorted(range(len(kinds)), key=lambda i: (latest[i], i))
+
+
+def latest_phases(kinds: list[str], deps: list[set[int]]) -> list[int]:
+    """Each item's phase in `regroup`'s order: the phases of fewest code runs (kinds alternate
+    from phase to phase), each item in the last phase of its kind its readers allow."""
     users = _users(deps)
     _, first, taken = min((_phases(kinds, deps, users, first) for first in (CODE, CALL)), key=lambda r: r[0])
     last = max((p for _, p in taken), default=0)
     kind_of = [first if p % 2 == 0 else (CALL if first == CODE else CODE) for p in range(last + 1)]
-    latest: dict[int, int] = {}
+    latest = [0] * len(kinds)
     for i, _ in reversed(taken):  # a reverse topological order
         p = min((latest[u] for u in users[i]), default=last)
         while kinds[i] != FREE and kind_of[p] != kinds[i]:
             p -= 1
         latest[i] = p
-    return sorted(range(len(kinds)), key=lambda i: (latest[i], i))
-
-
-def fewest_runs(kinds: list[str], deps: list[set[int]]) -> int:
-    """The fewest runs of CODE items between CALL items that an order of the items allows
-    (`regroup`'s arguments)."""
-    users = _users(deps)
-    return min(_phases(kinds, deps, users, first)[0] for first in (CODE, CALL))
+    return latest
 
 
 def _users(deps: list[set[int]]) -> list[list[int]]:
