@@ -305,6 +305,19 @@ def test_loops_only_where_they_vectorize(program, rewritten):
     torch.testing.assert_close(gm(x, w), before)
 
 
+def test_a_layout_that_cannot_be_replayed_leaves_the_gemm_a_call():
+    """Where the buffer behind an operand's views is unknown (no fake value to replay on), the
+    GEMM stays a call rather than the pass failing Inductor's compile."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 8, 16, generator=g), torch.randn(8, 16, generator=g)
+    gm = make_fx(_contiguous_mm, tracing_mode="fake")(x, w)
+    (mm,) = [n for n in gm.graph.nodes if n.target in GEMMS]
+    assert gemm_loops.written_as_loops(mm)
+    next(n for n in gm.graph.nodes if n.op == "placeholder").meta.pop("val")
+    assert gemm_loops.small_gemm(mm) and not gemm_loops.vectorizes(mm)
+    assert gemm_loops.rewrite(gm.graph) == 0
+
+
 def test_source_offsets_replay_the_views_before_a_gemm():
     """Each element of an operand maps to its offset in the buffer Inductor reads: through a
     transpose, a copy and a view back to x's own layout."""

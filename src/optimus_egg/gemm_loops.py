@@ -16,8 +16,9 @@ along K where A's rows and B's columns are; otherwise they run scalar. Inductor 
 the views and copies between an operand and the buffer it comes from, so the layout that counts
 is that buffer's: `vectorizes` replays them on the buffer's element offsets. Scalar loops lose
 to the call: wukong's linears over transposed embeddings ([1024, 8] @ [8, 8], each row read
-with stride 16), as loops, left its forward 1.05 x slower than plain Inductor's; called, with
-the search batching them as extern GEMMs, 0.88 x (`bench/gemm_loops.py`).
+with stride 16), as loops, left its forward 1.07 x slower than plain Inductor's; called, with
+the search merging them into one extern GEMM, 0.83 x (`python bench/gemm_loops.py`). Where the
+layout cannot be replayed (a symbolic size, an op that fails on it) the GEMM stays a call.
 
 MAX_MACS is measured: on optimus_egg's graphs of the bench models (1 torch thread, 60-80
 interleaved rounds, step time against the same graph with every GEMM extern) no model ran
@@ -113,8 +114,11 @@ def vectorizes(node: fx.Node) -> bool:
     """Do the loops of GEMM `node` (A [.., M, K] @ B [.., K, N]) vectorize: B's rows contiguous
     in the buffer they are read from (along N), or A's rows and B's columns (along K)?"""
     first = _GEMMS[node.target]
-    a, b = source_offsets(node.args[first]), source_offsets(node.args[first + 1])
-    return _unit(b, -1) or (_unit(a, -1) and _unit(b, -2))
+    try:
+        a, b = source_offsets(node.args[first]), source_offsets(node.args[first + 1])
+        return _unit(b, -1) or (_unit(a, -1) and _unit(b, -2))
+    except Exception:  # noqa: BLE001 - a layout that cannot be replayed: leave the GEMM a call
+        return False
 
 
 def call_with_val(graph: fx.Graph, target, args: tuple) -> fx.Node:
