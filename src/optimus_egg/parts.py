@@ -48,22 +48,36 @@ BODY_OPS = {"tag_activation_checkpoint": ((0,), 1), "wrap": ((0,), 1), "wrap_wit
 # body's example values. Any other body run twice might run on other shapes than those.
 SHARED_OPS = {"invoke_subgraph"}
 # Higher-order ops whose bodies may return no view of an input or of another output
-# (torch.cond checks it when it is traced again): a rewritten body may, so such an output is
-# cloned (a split piece of a batched result, or an input a cat of its pieces became).
+# (torch.cond checks it when it is traced again; Dynamo refuses such an invoke_subgraph body):
+# a rewritten body may (a split piece of a batched result, or an input a cat of its pieces
+# became), so such an output is copied (`_unaliased`).
 UNALIASED_OPS = {"cond"}
+FRESH_OUTPUT_OPS = UNALIASED_OPS | SHARED_OPS
 # What a later stretch may read of an earlier one's result: sizes (to_fx reads a symbolic size
 # from the first input that has it), never a tensor.
 _SIZE_OPS = {torch.ops.aten.sym_size.int, operator.add, operator.mul, operator.floordiv}
 
 
 def _unaliased(graph: fx.Graph, returned):
-    """`returned` (a body's output structure) with each view, input, or repeated node cloned."""
+    """`returned` (a body's output structure) with each view, input, or repeated node copied.
+
+    An input or a repeated node is cloned. A view of a value the body computes (a piece of a
+    batched result) is multiplied by one instead: torch 2.13's Inductor drops a clone as a
+    no-op (post_grad.remove_noop_ops) and then compiles a cond branch or an invoke_subgraph
+    body that returns a piece of one of its buffers to wrong values (the pieces' offsets are
+    lost; plain torch.compile of `unbind(stack([a, b]) * 2)` pieces cloned in a cond branch
+    does the same), while a multiplication by a Python scalar is computed into a buffer of its
+    own (bool: and with True)."""
     seen: set[fx.Node] = set()
 
     def fresh(a: fx.Node) -> fx.Node:
-        view = a.op in ("placeholder", "get_attr") or (
-            a.op in ("call_function", "call_method") and _name(a.target) in VIEW_TARGETS)
-        if view or a in seen:
+        leaf = a.op in ("placeholder", "get_attr")
+        view = a.op in ("call_function", "call_method") and _name(a.target) in VIEW_TARGETS
+        if view:
+            v = _meta_value(a)
+            is_bool = getattr(v, "dtype", None) == torch.bool
+            a = graph.call_function(torch.bitwise_and if is_bool else torch.mul, (a, True if is_bool else 1))
+        elif leaf or a in seen:
             a = graph.call_function(torch.clone, (a,))
         seen.add(a)
         return a
@@ -320,7 +334,7 @@ class Plan:
             returned = next(n for n in old.graph.nodes if n.op == "output").args[0]
             returned = fx.node.map_arg(returned, lambda a, i=i, own=own, lookup=lookup, bg=bg:
                                        own[a] if a in own else result(bg, i, a, lookup))
-            if _name(p.calls[0].target) in UNALIASED_OPS:
+            if _name(p.calls[0].target) in FRESH_OUTPUT_OPS:
                 returned = _unaliased(bg, returned)
             bg.output(returned)
             bg._codegen = copy.copy(old.graph._codegen)
