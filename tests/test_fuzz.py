@@ -35,7 +35,9 @@ the gradients of training (AOTAutograd's backward of the rewritten forward), aga
 OPTIMUS_EGG_FUZZ_INDUCTOR_EXAMPLES programs (default 8, and half as many in training; 1-10 s
 each) that optimus_egg changes; failures are reported as found, not shrunk. A third trains
 programs through torch.compile with the optimus_egg backend (Dynamo's graph, blocks and
-checkpointed steps cut into parts): outputs and every gradient, None where eager has none.
+checkpointed steps cut into parts): outputs and every gradient, None where eager has none. A
+fourth runs programs through the backend in inference (under no_grad, every backend default:
+the post-grad passes, the kernel order, the GEMM loops, the mask stores): outputs and the input.
 """
 from __future__ import annotations
 
