@@ -924,6 +924,11 @@ def test_random_program_trains_through_the_backend(prog):
                                                  ("broadcast", "add", "param", [0, 1])),
                "split": "split_list", "out": "sum", "tap": None, "block": (6, 3, "cond"), "special": True,
                "dtype": torch.float32, "seed": 1227})
+# Three pieces of one batched result passed to a cond: torch.cond refused operands aliasing each
+# other (parts._unaliased_operands now passes copies).
+@example(prog={"n": 3, "d": 3, "b": 1, "steps": (("binary_batch", "add", 1, [1, 2], 2), ("binary_batch", "add", 1, [1, 2], 2)),
+               "split": "view_unbind", "out": "sum", "tap": (3, 1), "block": (3, 1, "cond"), "special": False,
+               "dtype": torch.float32, "seed": 37045})
 def test_random_program_runs_through_the_backend(prog):
     """torch.compile(model, backend=optimus_egg.backend(...)) in inference (under no_grad), on
     Dynamo's graph, with every backend default: the search priced for the GEMM loops, the

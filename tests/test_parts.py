@@ -557,6 +557,16 @@ def test_export_cond_branches_are_optimized():
         torch.testing.assert_close(out(x.abs() * sign), ref(x.abs() * sign), rtol=1e-4, atol=1e-5)
 
 
+@torch.compiler.nested_compile_region
+def _tanh_both(a, b):
+    return torch.tanh(a) * 3.0, torch.tanh(b) * 3.0
+
+
+@torch.compiler.nested_compile_region
+def _mul_add(a, b):
+    return a * b + a
+
+
 class PiecesOut(nn.Module):
     """Two tanh'd (or sigmoid'd) inputs returned apart, by each branch of a torch.cond or by a
     body that two calls share (`nested_compile_region`): batch-pointwise makes them pieces of
@@ -568,9 +578,8 @@ class PiecesOut(nn.Module):
 
     def forward(self, a, b):
         if self.shared:
-            body = torch.compiler.nested_compile_region(lambda a, b: (torch.tanh(a) * 3.0, torch.tanh(b) * 3.0))
-            y, z = body(a, b)
-            y2, z2 = body(b, a)
+            y, z = _tanh_both(a, b)
+            y2, z2 = _tanh_both(b, a)
             return y + 2 * z + 5 * y2 + 7 * z2
         y, z = torch.cond(a.sum() > 0, lambda a, b: (torch.tanh(a) * 3.0, torch.tanh(b) * 3.0),
                           lambda a, b: (torch.sigmoid(a) * 2.0, torch.sigmoid(b) * 2.0), (a, b))
@@ -601,6 +610,48 @@ def test_a_body_returning_pieces_of_one_buffer_compiles_to_eager_values(shared):
     for name in [n for n, _ in out.named_children()]:
         returned = next(n for n in getattr(out, name).graph.nodes if n.op == "output").args[0]
         assert all(r.target is torch.mul and r.args[1] == 1 for r in returned), (name, returned)
+
+
+class PiecesIn(nn.Module):
+    """Two tanh'd inputs, batched by batch-pointwise into pieces of one stacked result, passed to
+    each branch of a torch.cond or to a body two calls share."""
+
+    def __init__(self, shared: bool):
+        super().__init__()
+        self.shared = shared
+
+    def forward(self, a, b):
+        ta, tb = torch.tanh(a), torch.tanh(b)
+        if self.shared:
+            return _mul_add(ta, tb) + 2 * _mul_add(tb, ta)
+        return torch.cond(a.sum() > 0, lambda a, b: a * b + a, lambda a, b: a - b, (ta, tb))
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["cond", "invoke_subgraph"])
+def test_a_body_given_pieces_of_one_buffer_compiles_to_eager_values(shared):
+    """A body's inputs may not alias each other (torch.cond raises when traced again): an
+    operand that shares its base with another (a piece of the batched tanh) is passed as a
+    computed copy. Through the backend (strict) both branches / both calls give eager's values."""
+    m = PiecesIn(shared)
+    out_graphs, real = [], optimus_egg.backend(budget_s=2.0, strict=True)
+
+    def backend(gm, example_inputs):
+        out_graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
+        return real(gm, example_inputs)
+
+    fn = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for sign in (1, -1):
+            a, b = torch.randn(2, 4).abs() * sign, torch.randn(2, 4)
+            torch.testing.assert_close(fn(a, b), m(a, b), rtol=1e-5, atol=1e-6)
+    (out,) = out_graphs
+    report = out.meta["optimus_egg"]
+    assert report.changed and report.matches["batch-pointwise"] > 0, report
+    calls = [n for n in out.graph.nodes if n.target in (torch.ops.higher_order.cond, torch.ops.higher_order.invoke_subgraph)]
+    assert calls
+    for call in calls:
+        operands = call.args[3] if call.target is torch.ops.higher_order.cond else call.args[2:]
+        assert sum(a.target is torch.mul and a.args[1] == 1 for a in operands) == 1, operands
 
 
 class Region(nn.Module):

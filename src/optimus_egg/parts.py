@@ -71,18 +71,59 @@ def _unaliased(graph: fx.Graph, returned):
     seen: set[fx.Node] = set()
 
     def fresh(a: fx.Node) -> fx.Node:
-        leaf = a.op in ("placeholder", "get_attr")
-        view = a.op in ("call_function", "call_method") and _name(a.target) in VIEW_TARGETS
-        if view:
-            v = _meta_value(a)
-            is_bool = getattr(v, "dtype", None) == torch.bool
-            a = graph.call_function(torch.bitwise_and if is_bool else torch.mul, (a, True if is_bool else 1))
-        elif leaf or a in seen:
+        if _is_view(a):
+            a = _computed_copy(graph, a)
+        elif a.op in ("placeholder", "get_attr") or a in seen:
             a = graph.call_function(torch.clone, (a,))
         seen.add(a)
         return a
 
     return fx.node.map_arg(returned, fresh)
+
+
+def _is_view(a: fx.Node) -> bool:
+    return a.op in ("call_function", "call_method") and _name(a.target) in VIEW_TARGETS
+
+
+def _computed_copy(graph: fx.Graph, a: fx.Node) -> fx.Node:
+    """A copy of `a` Inductor computes into a buffer of its own (see _unaliased), inserted
+    after `a`."""
+    is_bool = getattr(_meta_value(a), "dtype", None) == torch.bool
+    with graph.inserting_after(a):
+        copied = graph.call_function(torch.bitwise_and if is_bool else torch.mul, (a, True if is_bool else 1))
+    copied.meta = {k: v for k, v in a.meta.items() if k in ("val", "example_value", "tensor_meta")}
+    return copied
+
+
+def _base(a: fx.Node) -> fx.Node:
+    while _is_view(a) and a.args and isinstance(a.args[0], fx.Node):
+        a = a.args[0]
+    return a
+
+
+def _unaliased_operands(graph: fx.Graph) -> None:
+    """Each cond / invoke_subgraph call in `graph` given operands that alias no other operand:
+    the bodies' inputs may not alias each other (torch.cond checks it when traced again), and a
+    rewrite may make them views of one value (pieces of a batched result). Each operand that
+    shares its base with an earlier one is replaced by a computed copy."""
+    for n in list(graph.nodes):
+        if n.op != "call_function" or _name(n.target) not in FRESH_OUTPUT_OPS:
+            continue
+        start = BODY_OPS[_name(n.target)][1]
+        packed = isinstance(start, tuple)
+        operands = list(n.args[start[0]] if packed else n.args[start:])
+        bases: set[fx.Node] = set()
+        for k, a in enumerate(operands):
+            if not isinstance(a, fx.Node):
+                continue
+            base = _base(a)
+            if base in bases:
+                operands[k] = _computed_copy(graph, a)
+            bases.add(base)
+        if packed:
+            n.args = (*n.args[:start[0]], type(n.args[start[0]])(operands), *n.args[start[0] + 1:])
+        else:
+            n.args = (*n.args[:start], *operands)
 
 
 def _may_need_grad(n: fx.Node) -> bool:
@@ -360,6 +401,7 @@ class Plan:
                 env.update({o: result(g, i, o, lookup) for o in self.parts[i].outputs})
             elif n.op not in ("placeholder", "get_attr") and n not in inside:
                 env[n] = g.node_copy(n, lambda a: env[a])
+        _unaliased_operands(g)
         g._codegen = copy.copy(self.gm.graph._codegen)
         rebuilt = graph_module(self.gm, g, class_name=type(self.gm).__name__)
         for name, body in new_bodies.items():
