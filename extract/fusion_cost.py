@@ -321,7 +321,7 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
     shape = shape_of(src)
     if shape is None:
         return False
-    values = {src: torch.empty(shape, device="meta")}
+    values: dict = {}
 
     def value(x):
         if x in values:
@@ -331,7 +331,8 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
             raise LookupError(x)
         return torch.empty(s, device="meta")
 
-    try:
+    try:  # (symbolic sizes' sentinels may overflow a meta tensor's storage size: a view, then)
+        values[src] = torch.empty(shape, device="meta")
         for c in reversed(chain):
             args, kwargs = fx.map_arg((c.args, c.kwargs), value)
             if c.op == "call_method":

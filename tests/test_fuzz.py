@@ -917,36 +917,52 @@ def test_random_program_trains_through_the_backend(prog):
 
 
 @settings(max_examples=INDUCTOR_EXAMPLES, **INDUCTOR_SETTINGS)
-@given(prog=programs())
+@given(prog=programs(), dynamic=st.booleans())
 # A cond branch returning the two pieces of a batched add: Inductor compiled a branch returning
 # clones of pieces of one buffer to wrong values (parts._unaliased now multiplies them by one).
 @example(prog={"n": 2, "d": 4, "b": 2, "steps": (("squeeze_split", 1, 1, 0), ("inplace", "direct_copy", 1),
                                                  ("broadcast", "add", "param", [0, 1])),
                "split": "split_list", "out": "sum", "tap": None, "block": (6, 3, "cond"), "special": True,
-               "dtype": torch.float32, "seed": 1227})
+               "dtype": torch.float32, "seed": 1227}, dynamic=False)
 # Three pieces of one batched result passed to a cond: torch.cond refused operands aliasing each
 # other (parts._unaliased_operands now passes copies).
 @example(prog={"n": 3, "d": 3, "b": 1, "steps": (("binary_batch", "add", 1, [1, 2], 2), ("binary_batch", "add", 1, [1, 2], 2)),
                "split": "view_unbind", "out": "sum", "tap": (3, 1), "block": (3, 1, "cond"), "special": False,
-               "dtype": torch.float32, "seed": 37045})
-def test_random_program_runs_through_the_backend(prog):
+               "dtype": torch.float32, "seed": 37045}, dynamic=False)
+# With every size symbolic, a reshape after a transpose of a value with two symbolic sizes: the
+# fusion estimate's layout replay made a meta tensor of the sizes' sentinels, whose storage size
+# overflowed (fusion_cost._layout_copy now takes it as a view).
+@example(prog={"n": 4, "d": 4, "b": 3, "steps": (
+    ("dropout_eval", "self_training", [0, 1]),
+    ("nested", "tanh", {"sizes1": (13, 3), "j": 1, "sizes2": (2, 1), "spell1": ("torch_narrow", "split"),
+                        "spell2": "slice", "flags": (False, False, True), "cut": 0, "dim": -1}),
+    ("attend", 3, "bmm", "chain", [2, 3]), ("uneven", "nan_to_num", (3, 5, 4, 2, 2))),
+    "split": "reshape_unbind_neg", "out": "cat", "tap": (0, 0), "block": (2, 2, "enable_grad"), "special": False,
+    "dtype": torch.float64, "seed": 3070}, dynamic=True)
+def test_random_program_runs_through_the_backend(prog, dynamic):
     """torch.compile(model, backend=optimus_egg.backend(...)) in inference (under no_grad), on
     Dynamo's graph, with every backend default: the search priced for the GEMM loops, the
-    post-grad passes, the CPU kernel order, the GEMM loops and the mask stores. The outputs and
-    the input after the call equal eager's, or plain torch.compile's where it already differs
+    post-grad passes, the CPU kernel order, the GEMM loops and the mask stores; with
+    dynamic=True (every size symbolic) called at a second batch size too. The outputs and the
+    input after each call equal eager's, or plain torch.compile's where it already differs
     from eager."""
     import copy
 
-    note(f"program: {prog}")
+    note(f"program: {prog}, dynamic={dynamic}")
     assume(not any(s[0] == "dropout" for s in prog["steps"]))  # Inductor draws its own random numbers
     model = Program(prog).to(prog["dtype"]).eval()
-    x = make_input(prog)
+    xs = [make_input(prog)] + ([make_input({**prog, "b": prog["b"] + 3})] if dynamic else [])
 
     def call(backend):
-        m, xin = copy.deepcopy(model), x.clone()
+        m = copy.deepcopy(model)
         torch._dynamo.reset()
+        fn = m if backend is None else torch.compile(m, backend=backend, dynamic=dynamic)
+        results = []
         with torch.no_grad():
-            return (m if backend is None else torch.compile(m, backend=backend))(xin), xin
+            for x in xs:
+                xin = x.clone()
+                results.append((fn(xin), xin))
+        return results
 
     expected = call(None)
     reports = []
