@@ -9,6 +9,7 @@ Checkpointed bodies: `torch.utils.checkpoint.checkpoint(fn, x)` is one call of a
 on fn's graph; that graph is optimized as one of its own.
 """
 import contextlib
+import operator
 import warnings
 
 import pytest
@@ -746,3 +747,37 @@ def test_a_shared_body_whose_calls_read_different_results_trains_as_plain_torch_
     assert plain.layers[2].ls[3].weight.grad is not None  # (eagerly: None)
     assert_same_grads(m, plain, rtol=1e-4, atol=1e-5)
 
+
+
+def test_only_tensor_operands_that_alias_another_are_copied():
+    """parts._unaliased_operands on a hand-built cond call: of two pieces of one unbind the second
+    is passed as `mul(piece, 1)`, the first and a size read twice from one tensor (no tensor:
+    nothing to alias) pass as they are; the rebuilt graph computes the same values."""
+    from optimus_egg.parts import _unaliased_operands
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.randn(2, 3)
+    pieces = g.call_function(torch.unbind, (x, 0))
+    p0, p1 = (g.call_function(operator.getitem, (pieces, i)) for i in range(2))
+    sizes = [g.call_function(torch.ops.aten.sym_size.int, (x, 1)) for _ in range(2)]
+    for i, p in enumerate((p0, p1)):
+        p.meta["val"] = x.meta["val"][i]
+    for s in sizes:
+        s.meta["val"] = 3
+    call = g.call_function(torch.ops.higher_order.cond, (True, None, None, (p0, p1, *sizes)))
+    g.output(call)
+    _unaliased_operands(g)
+    operands = call.args[3]
+    assert operands[0] is p0 and operands[2:] == tuple(sizes)
+    assert operands[1].target is torch.mul and operands[1].args == (p1, 1)
+    g2, env = fx.Graph(), {}
+    for n in g.nodes:  # the operands alone, computed
+        if n.op == "output":
+            g2.output(tuple(env[a] for a in operands))
+        elif n is not call:
+            env[n] = g2.node_copy(n, lambda a: env[a])
+    t = torch.randn(2, 3)
+    out = fx.GraphModule({}, g2)(t)
+    torch.testing.assert_close(out[:2], (t[0], t[1]))
+    assert out[2:] == (3, 3)

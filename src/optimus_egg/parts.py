@@ -71,6 +71,8 @@ def _unaliased(graph: fx.Graph, returned):
     seen: set[fx.Node] = set()
 
     def fresh(a: fx.Node) -> fx.Node:
+        if not _may_be_tensor(a):
+            return a
         if _is_view(a):
             a = _computed_copy(graph, a)
         elif a.op in ("placeholder", "get_attr") or a in seen:
@@ -79,6 +81,12 @@ def _unaliased(graph: fx.Graph, returned):
         return a
 
     return fx.node.map_arg(returned, fresh)
+
+
+def _may_be_tensor(a: fx.Node) -> bool:
+    """False where `a`'s meta says it is no tensor (a size passed along), else True."""
+    v = _meta_value(a)
+    return v is None or isinstance(v, torch.Tensor) or type(v).__name__ == "TensorMetadata"
 
 
 def _is_view(a: fx.Node) -> bool:
@@ -114,7 +122,7 @@ def _unaliased_operands(graph: fx.Graph) -> None:
         operands = list(n.args[start[0]] if packed else n.args[start:])
         bases: set[fx.Node] = set()
         for k, a in enumerate(operands):
-            if not isinstance(a, fx.Node):
+            if not isinstance(a, fx.Node) or not _may_be_tensor(a):
                 continue
             base = _base(a)
             if base in bases:
