@@ -76,6 +76,7 @@ BLOCKS = {
     "autocast_off": lambda: torch.autocast("cpu", enabled=False),
     "checkpoint": contextlib.nullcontext,
     "cond": contextlib.nullcontext,  # Dynamo: torch.cond on the sign of part 0's sum (two bodies)
+    "shared": contextlib.nullcontext,  # the steps run twice by one nested_compile_region body (Program.shared)
 }
 
 
@@ -496,6 +497,8 @@ class Program(nn.Module):
             ps = self.checkpointed(steps[first:first + count], ps, taps)
         elif kind == "cond" and count and torch.compiler.is_compiling():
             ps = self.conditional(steps[first:first + count], ps, taps)
+        elif kind == "shared" and count:
+            ps = self.shared(ps, taps)
         else:
             with BLOCKS[kind]():
                 for k, s in steps[first:first + count]:
@@ -549,6 +552,25 @@ class Program(nn.Module):
         out = torch.cond(ps[0].sum() > -0.5, branch(1.0), branch(-1.0), tuple(ps))
         taps += out[n:]
         return list(out[:n])
+
+    def shared(self, ps, taps):
+        """The block's steps run by one body (`nested_compile_region`; Dynamo: one invoke_subgraph
+        body both calls run, parts.py), on copies of the parts (a body may not take inputs
+        aliasing each other) and on the parts halved; each part comes out as the two calls'
+        sum, the taps of both returned as outputs. Eagerly the same two calls."""
+        n = len(ps)
+        a = self.region(*[p.clone() for p in ps])
+        b = self.region(*[p * 0.5 for p in ps])
+        taps += [*a[n:], *b[n:]]
+        return [u + v for u, v in zip(a[:n], b[:n])]
+
+    @torch.compiler.nested_compile_region
+    def region(self, *xs):
+        first, count, _ = self.prog["block"]
+        qs, got = list(xs), []
+        for k, s in list(enumerate(self.prog["steps"]))[first:first + count]:
+            qs = self.tapped(k, s, qs, got)
+        return (*qs, *got)
 
     def tapped(self, k, s, ps, taps):
         ps = self.step(k, s, ps)
@@ -934,6 +956,12 @@ def test_random_program_trains_through_the_backend(prog):
 @example(prog={"n": 4, "d": 3, "b": 4, "steps": (("opaque", "center", 0),), "split": "view_unbind", "out": "cat",
                "tap": (6, 3), "block": (1, 1, "cond"), "special": True, "dtype": torch.float32, "seed": 982},
          dynamic=False)
+# A shared body (nested_compile_region) whose two calls' inputs the rewrite batched into pieces
+# of one buffer, strided unlike the body's inputs: Inductor asserted "subgraph args must have
+# consistent values" (parts._unaliased_operands now copies every view a shared body is given).
+@example(prog={"n": 3, "d": 4, "b": 2, "steps": (("pointwise", "tanh", 1, [0, 1, 2]), ("linear", "own", True, [0, 1, 2])),
+               "split": "split", "out": "tuple", "tap": None, "block": (0, 2, "shared"), "special": False,
+               "dtype": torch.float32, "seed": 5}, dynamic=False)
 # With every size symbolic, a reshape after a transpose of a value with two symbolic sizes: the
 # fusion estimate's layout replay made a meta tensor of the sizes' sentinels, whose storage size
 # overflowed (fusion_cost._layout_copy now takes it as a view).

@@ -90,7 +90,11 @@ def _may_be_tensor(a: fx.Node) -> bool:
 
 
 def _is_view(a: fx.Node) -> bool:
-    return a.op in ("call_function", "call_method") and _name(a.target) in VIEW_TARGETS
+    """Is `a` a view op's result? A getitem is where it picks a piece of a view op's (split,
+    unbind), not a result of an op with several (a body call, a layer norm's statistics)."""
+    if a.op not in ("call_function", "call_method") or _name(a.target) not in VIEW_TARGETS:
+        return False
+    return _name(a.target) != "getitem" or (isinstance(a.args[0], fx.Node) and _is_view(a.args[0]))
 
 
 def _computed_copy(graph: fx.Graph, a: fx.Node) -> fx.Node:
@@ -113,10 +117,14 @@ def _unaliased_operands(graph: fx.Graph) -> None:
     """Each cond / invoke_subgraph call in `graph` given operands that alias no other operand:
     the bodies' inputs may not alias each other (torch.cond checks it when traced again), and a
     rewrite may make them views of one value (pieces of a batched result). Each operand that
-    shares its base with an earlier one is replaced by a computed copy."""
+    shares its base with an earlier one is replaced by a computed copy. So is every view passed
+    to a shared body: its calls must pass inputs of one layout (Inductor asserts "subgraph args
+    must have consistent values"), and a rewrite may make one call's inputs pieces of a batched
+    result, strided, and not another's."""
     for n in list(graph.nodes):
         if n.op != "call_function" or _name(n.target) not in FRESH_OUTPUT_OPS:
             continue
+        shared = _name(n.target) in SHARED_OPS
         start = BODY_OPS[_name(n.target)][1]
         packed = isinstance(start, tuple)
         operands = list(n.args[start[0]] if packed else n.args[start:])
@@ -125,7 +133,7 @@ def _unaliased_operands(graph: fx.Graph) -> None:
             if not isinstance(a, fx.Node) or not _may_be_tensor(a):
                 continue
             base = _base(a)
-            if base in bases:
+            if base in bases or (shared and _is_view(a)):
                 operands[k] = _computed_copy(graph, a)
             bases.add(base)
         if packed:
