@@ -37,7 +37,10 @@ each) that optimus_egg changes; failures are reported as found, not shrunk. A th
 programs through torch.compile with the optimus_egg backend (Dynamo's graph, blocks and
 checkpointed steps cut into parts): outputs and every gradient, None where eager has none. A
 fourth runs programs through the backend in inference (under no_grad, every backend default:
-the post-grad passes, the kernel order, the GEMM loops, the mask stores): outputs and the input.
+the post-grad passes, the kernel order, the GEMM loops, the mask stores; static, or
+dynamic=True at two batch sizes): outputs and the input. Blocks (BLOCKS) put some steps under
+a change of grad mode or autocast, in a checkpoint, in a torch.cond's branches, or in a
+nested_compile_region body that runs them twice (`Program.shared`).
 """
 from __future__ import annotations
 
