@@ -930,7 +930,14 @@ def test_random_program_trains_through_the_backend(prog):
         reports.append(optimus_egg.optimize(gm, list(example_inputs), 0.5, strict=True).meta["optimus_egg"])
         return optimus_egg.backend(budget_s=0.5, strict=True)(gm, example_inputs)
 
-    got = _trained(model, x, backend)
+    try:
+        got = _trained(model, x, backend)
+    except Exception:
+        try:  # torch 2.13 cannot compile some programs at all (a shared body returning its input)
+            _trained(model, x, "inductor")
+        except Exception:
+            assume(False)
+        raise
     for r in reports:
         event(f"backend: changed={r.changed}, parts={r.parts}")
     if not _same_training(got, expected):
