@@ -500,7 +500,7 @@ class Program(nn.Module):
             ps = self.checkpointed(steps[first:first + count], ps, taps)
         elif kind == "cond" and count and torch.compiler.is_compiling():
             ps = self.conditional(steps[first:first + count], ps, taps)
-        elif kind == "shared" and count:
+        elif kind == "shared" and steps[first:first + count]:
             ps = self.shared(ps, taps)
         else:
             with BLOCKS[kind]():
