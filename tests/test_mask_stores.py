@@ -111,10 +111,14 @@ def test_backend_rejects_a_switch_that_is_not_a_bool(name):
         backend(**{name: "yes"})
 
 
-def test_both_custom_passes_share_inductor_s_one_slot():
-    both = backend_patches(gemm_loops=True, mask_stores=True)["post_grad_custom_post_pass"]
-    assert isinstance(both, PostPasses) and both.passes == (gemm_loops.GEMM_LOOPS, mask_stores.MASK_STORES)
-    assert both.uuid() == f"{gemm_loops.GEMM_LOOPS.uuid()}+{mask_stores.MASK_STORES.uuid()}"
-    assert backend_patches(gemm_loops=False, mask_stores=True)["post_grad_custom_post_pass"] is mask_stores.MASK_STORES
-    assert "post_grad_custom_post_pass" not in backend_patches(gemm_loops=False, mask_stores=False)
+def test_the_custom_passes_share_inductor_s_one_slot():
+    from optimus_egg.body_outputs import BODY_OUTPUTS
+
+    every = backend_patches(gemm_loops=True, mask_stores=True)["post_grad_custom_post_pass"]
+    assert isinstance(every, PostPasses)
+    assert every.passes == (BODY_OUTPUTS, gemm_loops.GEMM_LOOPS, mask_stores.MASK_STORES)
+    assert every.uuid() == f"{BODY_OUTPUTS.uuid()}+{gemm_loops.GEMM_LOOPS.uuid()}+{mask_stores.MASK_STORES.uuid()}"
+    assert backend_patches(gemm_loops=False, mask_stores=True)["post_grad_custom_post_pass"].passes == (
+        BODY_OUTPUTS, mask_stores.MASK_STORES)
+    assert backend_patches(gemm_loops=False, mask_stores=False)["post_grad_custom_post_pass"] is BODY_OUTPUTS
     assert mask_stores.MaskStores().uuid() == mask_stores.MASK_STORES.uuid()

@@ -560,14 +560,16 @@ def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loop
     with `gemm_loops` small GEMMs as loops after the post-grad batching, which then
     leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`, `egg_post_grad`), with `mask_stores`
     saved bool masks stored as bytes (`mask_stores.MASK_STORES`); they apply to the backward
-    graph too."""
+    graph too. Whatever the switches, body graphs' view results are copied
+    (`body_outputs.BODY_OUTPUTS`, a fix for Inductor, not a codegen choice)."""
+    from optimus_egg.body_outputs import BODY_OUTPUTS
     from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
     from optimus_egg.mask_stores import MASK_STORES
 
-    custom = [p for p, on in ((GEMM_LOOPS, gemm_loops), (MASK_STORES, mask_stores)) if on]
+    custom = [p for p, on in ((BODY_OUTPUTS, True), (GEMM_LOOPS, gemm_loops), (MASK_STORES, mask_stores)) if on]
     return {**(post_grad_patches(egg_post_grad(gemm_loops)) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
-            **({"post_grad_custom_post_pass": custom[0] if len(custom) == 1 else PostPasses(custom)} if custom else {})}
+            "post_grad_custom_post_pass": custom[0] if len(custom) == 1 else PostPasses(custom)}
 
 
 class PostPasses(CustomGraphPass):

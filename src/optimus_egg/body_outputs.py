@@ -1,0 +1,92 @@
+"""Body results as buffers of their own: an Inductor post-grad pass the backend always compiles with.
+
+torch 2.13's Inductor compiles a body graph (a `nested_compile_region`'s invoke_subgraph body,
+a torch.cond branch, and the backward bodies AOT autograd derives from them) that returns a
+view of one of its own buffers at an offset to wrong values: plain torch.compile of a shared
+body that stacks its layer norms' weights (`y * stack(ws)`) trains to wrong weight gradients,
+as each weight's gradient is a piece of one buffer the backward body returns. optimus_egg's
+rewrites make such bodies (batch_layernorm and friends inside a shared body; parts.py), and
+parts.py copies the forward bodies' results itself, but the backward bodies exist only inside
+Inductor. This pass, run on each graph Inductor compiles, replaces each view that a body graph
+the graph calls returns with a multiplication by one (bool: an and with True), which Inductor
+computes into a buffer of its own; a clone would not do, Inductor drops it as a no-op. Values
+are unchanged.
+"""
+from __future__ import annotations
+
+import hashlib
+import operator
+from pathlib import Path
+
+import torch
+from torch import fx
+from torch._dynamo.utils import counters
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from optimus_egg.gemm_loops import call_with_val
+
+COUNTER = "body_outputs_copied"
+
+aten = torch.ops.aten
+
+
+def is_view(node: fx.Node) -> bool:
+    """Is `node` a view op's result (its schema's result aliases an input and writes nothing),
+    or a piece of one (a getitem of an unbind's or split's results)?"""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return isinstance(node.args[0], fx.Node) and is_view(node.args[0])
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    alias = node.target._schema.returns[0].alias_info if node.target._schema.returns else None
+    return alias is not None and not alias.is_write
+
+
+def copy_view_results(body: fx.GraphModule) -> int:
+    """Replace each view `body` returns with a computed copy; returns how many."""
+    graph = body.graph
+    out = graph.output_node()
+    done = 0
+    for node in list(dict.fromkeys(out.all_input_nodes)):
+        val = node.meta.get("val")
+        if not is_view(node) or not isinstance(val, torch.Tensor):
+            continue
+        with graph.inserting_before(out):
+            if val.dtype == torch.bool:
+                copied = call_with_val(graph, aten.bitwise_and.Scalar, (node, True))
+            else:
+                copied = call_with_val(graph, aten.mul.Tensor, (node, 1))
+        out.replace_input_with(node, copied)
+        done += 1
+    if done:
+        body.recompile()
+    return done
+
+
+def rewrite(graph: fx.Graph) -> int:
+    """Copy the view results of every body graph `graph` reads (module doc); returns how many."""
+    owner = graph.owning_module
+    if owner is None:
+        return 0
+    bodies = {}
+    for node in graph.find_nodes(op="get_attr"):
+        body = getattr(owner, node.target, None)
+        if isinstance(body, fx.GraphModule):
+            bodies[id(body)] = body
+    done = sum(copy_view_results(b) for b in bodies.values())
+    counters["inductor"][COUNTER] += done
+    return done
+
+
+class BodyOutputs(CustomGraphPass):
+    """`rewrite` as an Inductor post-grad pass (its uuid keys Inductor's cache)."""
+
+    def __call__(self, graph: fx.Graph) -> None:
+        rewrite(graph)
+
+    def uuid(self) -> str:
+        return "optimus_egg.body_outputs:" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+BODY_OUTPUTS = BodyOutputs()
