@@ -906,6 +906,20 @@ def trainable(prog):
                                                  ("inplace", "direct_copy", 1), ("layer_norm", "functional", [0, 1])),
                "split": "split", "out": "tuple", "tap": None, "block": None, "special": False,
                "dtype": torch.float64, "seed": 1173})
+# Three affine layer norms in a shared body (nested_compile_region) run twice, batched by
+# batch_layernorm: Inductor compiled the body's backward, which returned each weight's gradient
+# as a piece of one buffer, to wrong gradients (body_outputs.py).
+@example(prog={"n": 3, "d": 8, "b": 3, "steps": (
+    ("nested", "nan_to_num", {"sizes1": (6, 9, 1, 2, 3, 2, 1), "j": 1, "sizes2": (1, 8),
+                              "spell1": ("narrow", "torch_narrow", "split", "torch_narrow", "slice", "slice_neg", "slice_neg"),
+                              "spell2": "narrow", "flags": (False, False, False, True, False, False, False, True),
+                              "cut": 5, "dim": -1}),
+    ("attend", 2, "bmm", "old", [0, 1, 2]), ("pointwise", "clamp", 1, [0, 1, 2]),
+    ("nested", "gelu", {"sizes1": (23, 1), "j": 0, "sizes2": (21, 1, 1), "spell1": ("narrow", "slice"),
+                        "spell2": "slice", "flags": (False, True, True, True), "cut": 1, "dim": -1}),
+    ("layer_norm", "affine", [0, 1, 2]), ("attend", 1, "bmm_row", "chain", [0]), ("regroup", "stack_unbind")),
+    "split": "view_unbind", "out": "stack", "tap": (1, 1), "block": (3, 3, "shared"), "special": False,
+    "dtype": torch.float32, "seed": 53131})
 def test_random_program_trains_through_the_backend(prog):
     """torch.compile(model, backend=optimus_egg.backend(...)) in training, on Dynamo's graph:
     blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts.
