@@ -920,6 +920,17 @@ def trainable(prog):
     ("layer_norm", "affine", [0, 1, 2]), ("attend", 1, "bmm_row", "chain", [0]), ("regroup", "stack_unbind")),
     "split": "view_unbind", "out": "stack", "tap": (1, 1), "block": (3, 3, "shared"), "special": False,
     "dtype": torch.float32, "seed": 53131})
+# A shared body of linears on one part (fanout) in training: with both the kernel order and the
+# GEMM loops, the order regrouped the graph around the body calls and the weights' gradients came
+# out wrong; a schedule that calls a body keeps Inductor's order (kernel_order._calls_a_body).
+@example(prog={"n": 4, "d": 4, "b": 2, "steps": (
+    ("squeeze_split", 2, 4, 2), ("fanout", 0, False, [3]), ("fanout", 1, True, [0, 1, 2, 3]),
+    ("stack_binary", "add", 1, "tanh", [0, 2, 3]), ("squeeze_split", 2, 3, 1),
+    ("nested", "relu", {"sizes1": (10, 5, 1), "j": 1, "sizes2": (3, 1, 1), "spell1": ("narrow", "torch_narrow", "split"),
+                        "spell2": "narrow", "flags": (False, False, False, False, False), "cut": 1, "dim": 1}),
+    ("broadcast", "add", "param", [0, 1, 2, 3])),
+    "split": "cat_rows", "out": "cat", "tap": (1, 3), "block": (2, 1, "shared"), "special": False,
+    "dtype": torch.float64, "seed": 63461})
 def test_random_program_trains_through_the_backend(prog):
     """torch.compile(model, backend=optimus_egg.backend(...)) in training, on Dynamo's graph:
     blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts.

@@ -18,8 +18,11 @@ fused nodes, and so the values and the GEMMs, stay as Inductor made them.
 `KERNEL_ORDER` is the config that turns it on: the pass, and Inductor's own peak-memory pass
 off (it runs after fusion passes and would undo the regrouping; this pass runs it first).
 Graphs on other devices (Triton: one launch per fused node whatever the order) keep the
-peak-memory order unchanged. If either step fails (an Inductor internal that moved), the pass
-warns and keeps the order it has.
+peak-memory order unchanged, and so does a schedule that calls a body graph (a
+`nested_compile_region` body, a cond): regrouped around a shared body's calls, a training
+graph's weight gradients came out wrong (a fuzz program; tests/test_fuzz.py), a dependency
+the calls carry that the pass does not see. If either step fails (an Inductor internal that
+moved), the pass warns and keeps the order it has.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ def fewest_cpu_kernels(nodes: list[Any]) -> list[Any]:
     that code runs between calls are fewest (module docstring)."""
     try:
         nodes = _peak_memory_order(nodes)
-        if {d.type for n in nodes if (d := n.get_device()) is not None} != {"cpu"}:
+        if {d.type for n in nodes if (d := n.get_device()) is not None} != {"cpu"} or _calls_a_body(nodes):
             return nodes
         made = {name: i for i, n in enumerate(nodes) for name in n.get_buffer_names()}
         deps = [{made[d.name] for d in n.unmet_dependencies if made.get(d.name, i) != i} for i, n in enumerate(nodes)]
@@ -104,6 +107,14 @@ def _phases(kinds: list[str], deps: list[set[int]], users: list[list[int]], firs
         runs += ran_code
         phase, kind = phase + 1, CALL if kind == CODE else CODE
     return runs, first, taken
+
+
+def _calls_a_body(nodes: list[Any]) -> bool:
+    """Does the schedule call a body graph (invoke_subgraph, cond, while_loop)?"""
+    return any(type(getattr(n, "node", None)).__name__ in _BODY_CALLS for n in nodes)
+
+
+_BODY_CALLS = {"InvokeSubgraph", "Conditional", "WhileLoop"}
 
 
 def _kind(node: Any) -> str:
