@@ -906,31 +906,6 @@ def trainable(prog):
                                                  ("inplace", "direct_copy", 1), ("layer_norm", "functional", [0, 1])),
                "split": "split", "out": "tuple", "tap": None, "block": None, "special": False,
                "dtype": torch.float64, "seed": 1173})
-# Three affine layer norms in a shared body (nested_compile_region) run twice, batched by
-# batch_layernorm: Inductor compiled the body's backward, which returned each weight's gradient
-# as a piece of one buffer, to wrong gradients (body_outputs.py).
-@example(prog={"n": 3, "d": 8, "b": 3, "steps": (
-    ("nested", "nan_to_num", {"sizes1": (6, 9, 1, 2, 3, 2, 1), "j": 1, "sizes2": (1, 8),
-                              "spell1": ("narrow", "torch_narrow", "split", "torch_narrow", "slice", "slice_neg", "slice_neg"),
-                              "spell2": "narrow", "flags": (False, False, False, True, False, False, False, True),
-                              "cut": 5, "dim": -1}),
-    ("attend", 2, "bmm", "old", [0, 1, 2]), ("pointwise", "clamp", 1, [0, 1, 2]),
-    ("nested", "gelu", {"sizes1": (23, 1), "j": 0, "sizes2": (21, 1, 1), "spell1": ("narrow", "slice"),
-                        "spell2": "slice", "flags": (False, True, True, True), "cut": 1, "dim": -1}),
-    ("layer_norm", "affine", [0, 1, 2]), ("attend", 1, "bmm_row", "chain", [0]), ("regroup", "stack_unbind")),
-    "split": "view_unbind", "out": "stack", "tap": (1, 1), "block": (3, 3, "shared"), "special": False,
-    "dtype": torch.float32, "seed": 53131})
-# A shared body of linears on one part (fanout) in training: with both the kernel order and the
-# GEMM loops, the order regrouped the graph around the body calls and the weights' gradients came
-# out wrong; a schedule that calls a body keeps Inductor's order (kernel_order._calls_a_body).
-@example(prog={"n": 4, "d": 4, "b": 2, "steps": (
-    ("squeeze_split", 2, 4, 2), ("fanout", 0, False, [3]), ("fanout", 1, True, [0, 1, 2, 3]),
-    ("stack_binary", "add", 1, "tanh", [0, 2, 3]), ("squeeze_split", 2, 3, 1),
-    ("nested", "relu", {"sizes1": (10, 5, 1), "j": 1, "sizes2": (3, 1, 1), "spell1": ("narrow", "torch_narrow", "split"),
-                        "spell2": "narrow", "flags": (False, False, False, False, False), "cut": 1, "dim": 1}),
-    ("broadcast", "add", "param", [0, 1, 2, 3])),
-    "split": "cat_rows", "out": "cat", "tap": (1, 3), "block": (2, 1, "shared"), "special": False,
-    "dtype": torch.float64, "seed": 63461})
 def test_random_program_trains_through_the_backend(prog):
     """torch.compile(model, backend=optimus_egg.backend(...)) in training, on Dynamo's graph:
     blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts.
@@ -940,8 +915,11 @@ def test_random_program_trains_through_the_backend(prog):
     Dynamo marks its result as needing none)."""
     note(f"program: {prog}")
     # (a cond block runs other steps than eager's on one branch, and torch 2.13 cannot train
-    # some conds, plain torch.compile included: the Dynamo value test covers it)
-    assume(prog["block"] is None or prog["block"][2] != "cond")
+    # some conds, plain torch.compile included: the Dynamo value test covers it. A shared block:
+    # torch 2.13 trains some nested_compile_region bodies to wrong gradients, plain
+    # torch.compile included, and in training the backend leaves a graph calling one as it is
+    # (parts.trains_a_shared_body); the inference test covers them)
+    assume(prog["block"] is None or prog["block"][2] not in ("cond", "shared"))
     model = Program(prog).to(prog["dtype"]).eval()
     x = make_input(prog)
     try:

@@ -19,10 +19,11 @@ fused nodes, and so the values and the GEMMs, stay as Inductor made them.
 off (it runs after fusion passes and would undo the regrouping; this pass runs it first).
 Graphs on other devices (Triton: one launch per fused node whatever the order) keep the
 peak-memory order unchanged, and so does a schedule that calls a body graph (a
-`nested_compile_region` body, a cond): regrouped around a shared body's calls, a training
-graph's weight gradients came out wrong (a fuzz program; tests/test_fuzz.py), a dependency
-the calls carry that the pass does not see. If either step fails (an Inductor internal that
-moved), the pass warns and keeps the order it has.
+`nested_compile_region` body, a cond): regrouped around a shared body's calls, one random
+program's training step got other weight gradients than with Inductor's order (with the GEMM
+loops; torch 2.13 trains that program wrongly without optimus_egg too, so the fault is not
+pinned down), a precaution. If either step fails (an Inductor internal that moved), the pass
+warns and keeps the order it has.
 """
 from __future__ import annotations
 

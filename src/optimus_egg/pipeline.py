@@ -55,7 +55,7 @@ class Report:
     launches_after: int | None = None
     changed: bool = False
     fallback: str | None = None  # an internal failure: the input came back
-    kept_input: str | None = None  # why the input came back although a cheaper graph was found
+    kept_input: str | None = None  # why the input came back (a cheaper graph found, or a graph left as it is)
     hard_stop: bool = False      # the search worker was killed at the hard deadline
     parts: int = 1               # parts kept apart: stretches between state changes, bodies (parts.py)
     zero_grads: list[str] = field(default_factory=list)  # tensors given zero gradients by ops.keep_grads
@@ -284,6 +284,9 @@ FIRST_ITERATION_S_PER_NODE = 2e-5
 
 
 def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, training=False) -> fx.GraphModule:
+    if training and budget_s > 0 and parts.trains_a_shared_body(gm):
+        report.kept_input = "in training, a graph calling a nested_compile_region body a gradient reaches stays as it is"
+        return gm
     if parts.has_state_changes(gm) or (budget_s > 0 and parts.bodies(gm)):
         return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training)
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
