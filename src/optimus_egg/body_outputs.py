@@ -5,9 +5,11 @@ a torch.cond branch, and the backward bodies AOT autograd derives from them) tha
 view of one of its own buffers at an offset to wrong values: plain torch.compile of a shared
 body that stacks its layer norms' weights (`y * stack(ws)`) trains to wrong weight gradients,
 as each weight's gradient is a piece of one buffer the backward body returns. optimus_egg's
-rewrites make such bodies (batch_layernorm and friends inside a shared body; parts.py), and
-parts.py copies the forward bodies' results itself, but the backward bodies exist only inside
-Inductor. This pass, run on each graph Inductor compiles, replaces each view that a body graph
+rewrites made such bodies (batch_layernorm inside a shared body), which is why optimize() now
+leaves a graph calling a trained shared body as it is (parts.trains_a_shared_body) and copies
+a rewritten body's forward results itself (parts.py); the backward bodies exist only inside
+Inductor, and a body written that way by hand trains right with this pass (tests/test_body_outputs.py).
+This pass, run on each graph Inductor compiles, replaces each view that a body graph
 the graph calls returns with a multiplication by one (bool: an and with True), which Inductor
 computes into a buffer of its own; a clone would not do, Inductor drops it as a no-op. Values
 are unchanged.
