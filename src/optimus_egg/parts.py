@@ -154,8 +154,8 @@ def _may_need_grad(n: fx.Node) -> bool:
 def trains_a_shared_body(gm: fx.GraphModule) -> bool:
     """Does `gm` call a shared body (SHARED_OPS) whose results may need a gradient? In training
     optimize() leaves such a graph as it is: rewritten around or inside such bodies, torch 2.13
-    trained random programs to wrong gradients in ways not all understood (tests/test_fuzz.py;
-    body_outputs.py and the kernel order fix two of them)."""
+    trained random programs to wrong gradients in ways not all understood (bench/HISTORY.md;
+    body_outputs.py fixes one, the kernel order's precaution another may have been)."""
     return any(n.op == "call_function" and _name(n.target) in SHARED_OPS and _may_need_grad(n)
                for n in gm.graph.nodes)
 
@@ -275,10 +275,9 @@ class Plan:
         # torch.cond's backward needs each branch's gradients to be fresh tensors: the gradient
         # of a batched branch (pieces of one concatenated weight's) is views of one tensor, which
         # it rejects (so does plain torch.compile on such a branch). A branch whose results need
-        # a gradient (or may: no meta value) stays as it is. So does a shared body
-        # (nested_compile_region) whose calls' results need a gradient: rewritten, torch 2.13
-        # trained such bodies to wrong weight gradients in ways not all understood (random
-        # programs, tests/test_fuzz.py; body_outputs.py and the kernel order fix two of them).
+        # a gradient (or may: no meta value) stays as it is. So does a shared body whose calls'
+        # results need a gradient (trains_a_shared_body, which keeps the whole graph in
+        # training; this covers a graph optimized with training=False that is trained anyway).
         self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in FRESH_OUTPUT_OPS
                                                     and any(c in reach for c in p.calls) and not p.grad_off
                                                     and any(_may_need_grad(c) for c in p.calls))]
