@@ -10,6 +10,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import optimus_egg
+from optimus_egg import baselines
 from optimus_egg.body_outputs import BODY_OUTPUTS, COUNTER
 
 
@@ -71,6 +72,50 @@ def test_the_pass_trains_a_body_returning_pieces_of_a_buffer_right():
     counters.clear()
     assert_same(trained(model, x, "inductor", {"post_grad_custom_post_pass": BODY_OUTPUTS}), expected)
     assert counters["inductor"][COUNTER] > 0
+
+
+class SharedLinear(nn.Module):
+    """Three inputs through one bias-less linear in a body two calls share: a post-grad batch
+    linear fusion (PyTorch's, and the backend's same-dtype one) makes the body's three GEMMs one
+    bmm and returns its pieces by `aten.select`, an op named without its overload."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.lin = nn.Linear(d, d, bias=False)
+
+    @torch.compiler.nested_compile_region
+    def body(self, *xs):
+        return tuple(self.lin(x) for x in xs)
+
+    def forward(self, x):
+        ps = [p.clone() for p in x.split(8, 1)]
+        a, b = self.body(*ps), self.body(*[p * 0.5 for p in ps])
+        return torch.cat([u + 2 * v for u, v in zip(a, b)], 1)
+
+
+def test_the_pass_copies_the_pieces_a_post_grad_batch_fusion_returns():
+    """In inference plain Inductor with PyTorch's post-grad batch_linear_post_grad compiles
+    SharedLinear to wrong values (torch 2.13: the body returns pieces of the bmm's buffer);
+    with BODY_OUTPUTS it copies them (an op named without its overload counts as a view op if
+    every overload is), as the backend, whose defaults run such a fusion, does."""
+    torch.manual_seed(0)
+    model, x = SharedLinear(), torch.randn(3, 24)
+    expected = model(x)
+    fusion = baselines.post_grad_patches({"batch_linear_post_grad": dict(baselines.OPTIMUS_POST_GRAD["batch_linear_post_grad"])})
+
+    def compiled(backend="inductor", options=None):
+        torch._dynamo.reset()
+        counters.clear()
+        with torch.no_grad():
+            out = torch.compile(copy.deepcopy(model), backend=backend, options=options)(x)
+        assert backend != "inductor" or counters["inductor"]["batch_linear_post_grad"] > 0  # (the fusion fired)
+        return out
+
+    assert not torch.allclose(compiled(options=fusion), expected, rtol=1e-4, atol=1e-4), \
+        "torch's Inductor computes this body right now: body_outputs.py may no longer be needed here"
+    torch.testing.assert_close(compiled(options={**fusion, "post_grad_custom_post_pass": BODY_OUTPUTS}), expected)
+    assert counters["inductor"][COUNTER] == 3
+    torch.testing.assert_close(compiled(optimus_egg.backend(budget_s=1.0, strict=True)), expected)
 
 
 @pytest.mark.parametrize("switches", [True, False], ids=["defaults", "every_switch_off"])

@@ -971,7 +971,8 @@ def test_random_program_trains_through_the_backend(prog):
          dynamic=False)
 # A shared body (nested_compile_region) whose two calls' inputs the rewrite batched into pieces
 # of one buffer, strided unlike the body's inputs: Inductor asserted "subgraph args must have
-# consistent values" (parts._unaliased_operands now copies every view a shared body is given).
+# consistent values" (parts._consistent_shared_operands now copies every view a shared body is
+# given, row-major, at every call).
 @example(prog={"n": 3, "d": 4, "b": 2, "steps": (("pointwise", "tanh", 1, [0, 1, 2]), ("linear", "own", True, [0, 1, 2])),
                "split": "split", "out": "tuple", "tap": None, "block": (0, 2, "shared"), "special": False,
                "dtype": torch.float32, "seed": 5}, dynamic=False)

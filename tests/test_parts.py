@@ -638,14 +638,90 @@ class PiecesIn(nn.Module):
 def test_a_body_given_pieces_of_one_buffer_compiles_to_eager_values(shared):
     """A body's inputs may not alias each other (torch.cond raises when traced again): an
     operand that shares its base with another (a piece of the batched tanh) is passed as a
-    computed copy; to a shared body every view is (its calls must agree on layouts). Through
-    the backend (strict) both branches / both calls give eager's values."""
+    computed copy; to a shared body every view is, row-major (its calls must agree on layouts).
+    Through the backend (strict) both branches / both calls give eager's values."""
     out = _both_signs_through_the_backend(PiecesIn(shared))
     calls = [n for n in out.graph.nodes if n.target in (torch.ops.higher_order.cond, torch.ops.higher_order.invoke_subgraph)]
     assert calls
     for call in calls:  # (every view passed to a shared body is copied: its calls' layouts must agree)
-        operands = call.args[3] if call.target is torch.ops.higher_order.cond else call.args[2:]
-        assert sum(a.target is torch.mul and a.args[1] == 1 for a in operands) == (2 if shared else 1), operands
+        if call.target is torch.ops.higher_order.cond:
+            assert sum(a.target is torch.mul and a.args[1] == 1 for a in call.args[3]) == 1, call.args
+        else:
+            assert all(_copied_like(a) for a in call.args[2:]), call.args
+
+
+class StridedIn(nn.Module):
+    """Two calls of one shared body on tanh'd halves of a (1, 6) input: the first passes clones
+    (row-major), the second halves scaled. Batch-pointwise makes the tanh one op on the whole
+    input, so the first call's clones become clones of its pieces, strided (6, 1), and the
+    second call's operands pieces of one scaled buffer."""
+
+    def forward(self, x):
+        a, b = torch.split(x, 3, dim=1)
+        p, q = torch.tanh(a), torch.tanh(b)
+        return _mul_add(p.clone(), q.clone()) + _mul_add(p * 0.5, q * 0.5)
+
+
+def test_a_shared_body_given_operands_strided_apart_compiles_to_eager_values():
+    """Inductor compiles one body for all calls and asserts their inputs' strides agree
+    ("subgraph args must have consistent values"; before: strict raised on StridedIn). Where the
+    rewritten calls' operands differ in strides, or one is a view, every call passes a row-major
+    copy: the layouts agree and the values are eager's."""
+    m, x, graphs = StridedIn(), torch.randn(1, 6), []
+
+    def backend(gm, example_inputs):
+        graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
+        return optimus_egg.backend(budget_s=2.0, strict=True)(gm, example_inputs)
+
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(m, backend=backend)(x), m(x))
+    (out,) = graphs
+    assert out.meta["optimus_egg"].matches["batch-pointwise"] > 0, out.meta["optimus_egg"]
+    calls = [n for n in out.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == 2
+    for call in calls:
+        assert all(_copied_like(a) for a in call.args[2:]), call.args
+
+
+class ChunkStack(nn.Module):
+    """Two calls of one shared body on the first and last of four chunks, stacked and unbound:
+    unbind-of-stack makes the last piece the last chunk itself, whose symbolic size
+    (s - 3 * ((s + 3) // 4)) is another expression than the first chunk's ((s + 3) // 4),
+    equal only under Dynamo's guard."""
+
+    def forward(self, x):
+        u = torch.unbind(torch.stack(torch.chunk(x, 4, 1), 1), 1)
+        return _mul_add(u[0].clone(), u[3].clone()) + _mul_add(u[0] * 0.5, u[3] * 0.5)
+
+
+def test_a_shared_body_given_operands_sized_by_other_expressions_compiles_to_eager_values():
+    """With every size symbolic, Inductor's check compares the calls' sizes as expressions
+    (before: strict raised on ChunkStack). The operands are compared by fake values propagated
+    in Dynamo's own fake mode, and each call passes a copy sized as the first call's operand
+    (a reshape to those sizes is traced as a no-op); values at two batch sizes are eager's."""
+    m, graphs = ChunkStack(), []
+
+    def backend(gm, example_inputs):
+        graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
+        return optimus_egg.backend(budget_s=2.0, strict=True)(gm, example_inputs)
+
+    fn = torch.compile(m, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for b in (3, 5):
+            x = torch.randn(b, 16)
+            torch.testing.assert_close(fn(x), m(x))
+    (out,) = graphs
+    assert out.meta["optimus_egg"].matches["unbind-of-stack"] > 0, out.meta["optimus_egg"]
+    calls = [n for n in out.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == 2
+    firsts = {a.args[0].args[0] for c in calls for a in c.args[2:] if isinstance(a, fx.Node) and _copied_like(a)}
+    assert len(firsts) == 2, calls  # (each position's copies are all sized like the first call's operand)
+
+
+def _copied_like(a: fx.Node) -> bool:
+    """Is `a` a copy into a new row-major tensor (`empty_like(...).copy_(...)`)?"""
+    return (a.target == "copy_" and a.args[0].target is torch.empty_like
+            and a.args[0].kwargs == {"memory_format": torch.contiguous_format})
 
 
 class Region(nn.Module):

@@ -34,14 +34,21 @@ aten = torch.ops.aten
 
 def is_view(node: fx.Node) -> bool:
     """Is `node` a view op's result (its schema's result aliases an input and writes nothing),
-    or a piece of one (a getitem of an unbind's or split's results)?"""
+    or a piece of one (a getitem of an unbind's or split's results)? An op named without its
+    overload (`aten.select`, as Inductor's post-grad batch fusions write their results' pieces)
+    is a view op if each of its overloads is."""
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
         return isinstance(node.args[0], fx.Node) and is_view(node.args[0])
-    if not isinstance(node.target, torch._ops.OpOverload):
-        return False
-    alias = node.target._schema.returns[0].alias_info if node.target._schema.returns else None
+    if isinstance(node.target, torch._ops.OpOverloadPacket):
+        overloads = [getattr(node.target, name) for name in node.target.overloads()]
+        return bool(overloads) and all(_returns_a_view(o) for o in overloads)
+    return isinstance(node.target, torch._ops.OpOverload) and _returns_a_view(node.target)
+
+
+def _returns_a_view(op: torch._ops.OpOverload) -> bool:
+    alias = op._schema.returns[0].alias_info if op._schema.returns else None
     return alias is not None and not alias.is_write
 
 

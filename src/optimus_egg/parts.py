@@ -97,13 +97,29 @@ def _is_view(a: fx.Node) -> bool:
     return _name(a.target) != "getitem" or (isinstance(a.args[0], fx.Node) and _is_view(a.args[0]))
 
 
+_VALUE_KEYS = ("val", "example_value", "tensor_meta")
+
+
 def _computed_copy(graph: fx.Graph, a: fx.Node) -> fx.Node:
     """A copy of `a` Inductor computes into a buffer of its own (see _unaliased), inserted
     after `a`."""
     is_bool = getattr(_meta_value(a), "dtype", None) == torch.bool
     with graph.inserting_after(a):
         copied = graph.call_function(torch.bitwise_and if is_bool else torch.mul, (a, True if is_bool else 1))
-    copied.meta = {k: v for k, v in a.meta.items() if k in ("val", "example_value", "tensor_meta")}
+    copied.meta = {k: v for k, v in a.meta.items() if k in _VALUE_KEYS}
+    return copied
+
+
+def _copy_like(graph: fx.Graph, a: fx.Node, like: fx.Node, before: fx.Node) -> fx.Node:
+    """`a` copied into a new row-major tensor of `like`'s sizes, inserted before `before`: its
+    strides depend on the sizes alone (a product by one would keep a permuted input's order and
+    a size-1 dimension's stride), and its sizes are `like`'s expressions where `a`'s are other
+    expressions equal under the graph's guards (a reshape to them is traced as a no-op)."""
+    with graph.inserting_before(before):
+        empty = graph.call_function(torch.empty_like, (like,), {"memory_format": torch.contiguous_format})
+        copied = graph.call_method("copy_", (empty, a))
+    for n in (empty, copied):
+        n.meta = {k: v for k, v in like.meta.items() if k in _VALUE_KEYS}
     return copied
 
 
@@ -113,33 +129,110 @@ def _base(a: fx.Node) -> fx.Node:
     return a
 
 
+def _operands(n: fx.Node) -> tuple[list, Callable[[list], None]]:
+    """A cond / invoke_subgraph call's operands, and a function that sets them."""
+    start = BODY_OPS[_name(n.target)][1]
+    if isinstance(start, tuple):  # the operands as one tuple
+        k = start[0]
+
+        def put(operands: list) -> None:
+            n.args = (*n.args[:k], type(n.args[k])(operands), *n.args[k + 1:])
+        return list(n.args[k]), put
+
+    def put_flat(operands: list) -> None:
+        n.args = (*n.args[:start], *operands)
+    return list(n.args[start:]), put_flat
+
+
+def _aliasing(operands: list) -> list[bool]:
+    """Per operand: is it a tensor that shares its base with an earlier operand?"""
+    bases: set[fx.Node] = set()
+    flags = []
+    for a in operands:
+        tensor = isinstance(a, fx.Node) and _may_be_tensor(a)
+        flags.append(tensor and _base(a) in bases)
+        if tensor:
+            bases.add(_base(a))
+    return flags
+
+
 def _unaliased_operands(graph: fx.Graph) -> None:
-    """Each cond / invoke_subgraph call in `graph` given operands that alias no other operand:
-    the bodies' inputs may not alias each other (torch.cond checks it when traced again), and a
-    rewrite may make them views of one value (pieces of a batched result). Each operand that
-    shares its base with an earlier one is replaced by a computed copy. So is every view passed
-    to a shared body: its calls must pass inputs of one layout (Inductor asserts "subgraph args
-    must have consistent values"), and a rewrite may make one call's inputs pieces of a batched
-    result, strided, and not another's."""
+    """Each cond call in `graph` given operands that alias no other operand: the branches'
+    inputs may not alias each other (torch.cond checks it when traced again), and a rewrite may
+    make them views of one value (pieces of a batched result). Each operand that shares its
+    base with an earlier one is replaced by a computed copy. (Shared bodies:
+    _consistent_shared_operands.)"""
     for n in list(graph.nodes):
-        if n.op != "call_function" or _name(n.target) not in FRESH_OUTPUT_OPS:
+        if n.op != "call_function" or _name(n.target) not in UNALIASED_OPS:
             continue
-        shared = _name(n.target) in SHARED_OPS
-        start = BODY_OPS[_name(n.target)][1]
-        packed = isinstance(start, tuple)
-        operands = list(n.args[start[0]] if packed else n.args[start:])
-        bases: set[fx.Node] = set()
-        for k, a in enumerate(operands):
-            if not isinstance(a, fx.Node) or not _may_be_tensor(a):
+        operands, put = _operands(n)
+        put([_computed_copy(graph, a) if alias else a for a, alias in zip(operands, _aliasing(operands))])
+
+
+def _consistent_shared_operands(gm: fx.GraphModule, example_inputs: list) -> None:
+    """Each shared body's calls (SHARED_OPS) given operands of one layout, aliasing no other.
+
+    Inductor compiles one body for all its calls and asserts their inputs agree in sizes and
+    strides, symbolically ("subgraph args must have consistent values"), while a rewrite may
+    make one call's input a piece of a batched result, or a value computed otherwise, strided
+    unlike another call's (even on a size-1 dimension), or sized by another expression equal
+    under the graph's guards (the last of a chunk's pieces for the first). So at each operand
+    position where some call passes a view, a tensor sharing its base with an earlier operand,
+    or a value whose sizes or strides differ from another call's (by fake values propagated
+    through `gm`; every position if that fails), every call passes a row-major copy sized as
+    the first call's operand (`_copy_like`)."""
+    calls: dict[str, list[fx.Node]] = defaultdict(list)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and _name(n.target) in SHARED_OPS and isinstance(n.args[0], fx.Node):
+            calls[n.args[0].target].append(n)
+    if not calls:
+        return
+    values = _graph_fake_values(gm, example_inputs)
+
+    def tensor(a) -> bool:
+        if not isinstance(a, fx.Node):
+            return False
+        return _may_be_tensor(a) if values is None else isinstance(values.get(a), torch.Tensor)
+
+    def layout(a: fx.Node):
+        v = values[a]
+        return tuple(map(str, v.shape)), tuple(map(str, v.stride()))
+
+    for group in calls.values():
+        operands = [_operands(c) for c in group]
+        flags = [_aliasing(ops) for ops, _ in operands]
+        for k in range(len(operands[0][0])):
+            column = [ops[k] for ops, _ in operands]
+            if not all(tensor(a) for a in column):
                 continue
-            base = _base(a)
-            if base in bases or (shared and _is_view(a)):
-                operands[k] = _computed_copy(graph, a)
-            bases.add(base)
-        if packed:
-            n.args = (*n.args[:start[0]], type(n.args[start[0]])(operands), *n.args[start[0] + 1:])
-        else:
-            n.args = (*n.args[:start], *operands)
+            layouts = None if values is None else {layout(a) for a in column}
+            if (any(_is_view(a) for a in column) or any(f[k] for f in flags)
+                    or (len(group) > 1 and (layouts is None or len(layouts) > 1))):
+                for c, (ops, _) in zip(group, operands):
+                    ops[k] = _copy_like(gm.graph, ops[k], column[0], before=c)
+        for ops, put in operands:
+            put(ops)
+    gm.recompile()
+
+
+def _graph_fake_values(gm: fx.GraphModule, example_inputs: list) -> dict[fx.Node, object] | None:
+    """Every node's fake value, propagated from the placeholders' own (their symbolic sizes,
+    Dynamo's fake mode) where every placeholder has one, else from `example_inputs`; None if
+    neither propagates."""
+    # (Dynamo's own values are its placeholders' example_value; a `val` may be a later pass's)
+    metas = [p.meta.get("example_value", _meta_value(p)) for p in gm.graph.find_nodes(op="placeholder")]
+    for symbolic in (True, False):
+        try:
+            if symbolic:
+                modes = {id(m): m for m in (getattr(v, "fake_mode", None) for v in metas
+                                            if isinstance(v, torch.Tensor))}
+                if len(modes) != 1 or None in modes.values() or any(v is None for v in metas):
+                    continue
+                return _fake_values(gm, metas, *modes.values())
+            return _fake_values(gm, example_inputs)
+        except Exception:  # (no values: the caller copies as if every layout differed)
+            continue
+    return None
 
 
 def _may_need_grad(n: fx.Node) -> bool:
@@ -262,7 +355,7 @@ class Plan:
     `rebuild` puts an optimized `combined` back."""
 
     def __init__(self, gm: fx.GraphModule, example_inputs: list):
-        self.gm = gm
+        self.gm, self.example_inputs = gm, example_inputs
         self.parts = ([_stretch(r) for r in stretches(gm) if len(r) >= MIN_NODES]  # (one run if no state changes)
                       + [_body(gm, name, calls) for name, calls in bodies(gm).items()])
         off = _grad_disabled(gm)
@@ -433,6 +526,7 @@ class Plan:
         rebuilt = graph_module(self.gm, g, class_name=type(self.gm).__name__)
         for name, body in new_bodies.items():
             setattr(rebuilt, name, body)
+        _consistent_shared_operands(rebuilt, self.example_inputs)
         return rebuilt
 
     def _parts_of(self, out: fx.GraphModule, leaf_of: dict) -> dict[fx.Node, int]:
@@ -484,8 +578,10 @@ def _grad_disabled(gm: fx.GraphModule) -> set[fx.Node]:
     return off
 
 
-def _fake_values(gm: fx.GraphModule, example_inputs: list) -> dict[fx.Node, object]:
-    """Every node's value, propagated with fake tensors through the whole graph."""
+def _fake_values(gm: fx.GraphModule, example_inputs: list, mode=None) -> dict[fx.Node, object]:
+    """Every node's value, propagated with fake tensors through the whole graph (in `mode`,
+    whose fakes `example_inputs` then are; else a new mode)."""
+    from torch._dispatch.python import enable_python_dispatcher
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -496,12 +592,13 @@ def _fake_values(gm: fx.GraphModule, example_inputs: list) -> dict[fx.Node, obje
             values[n] = super().run_node(n)
             return values[n]
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    if mode is None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        example_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
     grad = torch.is_grad_enabled()
     try:  # the graph's own state changes run for real: leave the state as it was
-        with mode:
-            Recording(gm, mode).propagate_dont_convert_inputs(*fakes)
+        with mode, enable_python_dispatcher():  # (as AOT autograd traces: symbolic sizes need it)
+            Recording(gm, mode).propagate_dont_convert_inputs(*example_inputs)
     finally:
         torch.set_grad_enabled(grad)
     return values
