@@ -217,22 +217,20 @@ def _consistent_shared_operands(gm: fx.GraphModule, example_inputs: list) -> Non
 
 def _graph_fake_values(gm: fx.GraphModule, example_inputs: list) -> dict[fx.Node, object] | None:
     """Every node's fake value, propagated from the placeholders' own (their symbolic sizes,
-    Dynamo's fake mode) where every placeholder has one, else from `example_inputs`; None if
-    neither propagates."""
+    Dynamo's fake mode) where every placeholder has one of one mode, else from
+    `example_inputs`; None if neither propagates."""
     # (Dynamo's own values are its placeholders' example_value; a `val` may be a later pass's)
     metas = [p.meta.get("example_value", _meta_value(p)) for p in gm.graph.find_nodes(op="placeholder")]
-    for symbolic in (True, False):
+    modes = {id(m): m for m in (getattr(v, "fake_mode", None) for v in metas if isinstance(v, torch.Tensor))}
+    if len(modes) == 1 and None not in modes.values() and all(v is not None for v in metas):
         try:
-            if symbolic:
-                modes = {id(m): m for m in (getattr(v, "fake_mode", None) for v in metas
-                                            if isinstance(v, torch.Tensor))}
-                if len(modes) != 1 or None in modes.values() or any(v is None for v in metas):
-                    continue
-                return _fake_values(gm, metas, *modes.values())
-            return _fake_values(gm, example_inputs)
-        except Exception:  # (no values: the caller copies as if every layout differed)
-            continue
-    return None
+            return _fake_values(gm, metas, *modes.values())
+        except Exception:  # (a graph its own mode cannot run: try the example inputs)
+            pass
+    try:
+        return _fake_values(gm, example_inputs)
+    except Exception:  # (no values: the caller copies as if every layout differed)
+        return None
 
 
 def _may_need_grad(n: fx.Node) -> bool:
