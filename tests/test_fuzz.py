@@ -976,6 +976,19 @@ def test_random_program_trains_through_the_backend(prog):
 @example(prog={"n": 3, "d": 4, "b": 2, "steps": (("pointwise", "tanh", 1, [0, 1, 2]), ("linear", "own", True, [0, 1, 2])),
                "split": "split", "out": "tuple", "tap": None, "block": (0, 2, "shared"), "special": False,
                "dtype": torch.float32, "seed": 5}, dynamic=False)
+# A cond given pieces of a product computed in a permuted layout (movedim): a piece passed on
+# was strided (24, 1) where the branches were traced with (8, 1), and Inductor's code for a
+# branch asserted the stride at run time (parts._unaliased_operands now passes every view to
+# a cond as a row-major copy).
+@example(prog={"n": 3, "d": 8, "b": 3, "steps": (
+    ("attend", 0, "at", "old", [0, 2]),
+    ("nested", "sigmoid", {"sizes1": (9, 11, 3, 1), "j": 1, "sizes2": (6, 1, 2, 2),
+                           "spell1": ("narrow", "split", "split", "slice_neg"), "spell2": "method_split",
+                           "flags": (True, False, False, False, False, False, False), "cut": 7, "dim": -1}),
+    ("stack_binary", "mul", 1, "same", [0, 1, 2]), ("layer_norm", "plain", [2]), ("broadcast", "add", "param", [0, 1, 2]),
+    ("binary_batch", "mul", 0, [0, 1, 2], 0), ("broadcast", "add", "param", [1, 2])),
+    "split": "method_split", "out": "stack", "tap": None, "block": (3, 2, "cond"), "special": True,
+    "dtype": torch.float64, "seed": 1274}, dynamic=False)
 # With every size symbolic, a reshape after a transpose of a value with two symbolic sizes: the
 # fusion estimate's layout replay made a meta tensor of the sizes' sentinels, whose storage size
 # overflowed (fusion_cost._layout_copy now takes it as a view).

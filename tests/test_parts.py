@@ -18,6 +18,7 @@ from torch import fx, nn
 from torch.utils.checkpoint import checkpoint
 
 import optimus_egg
+from optimus_egg import parts
 from optimus_egg.from_fx import Unsupported
 from optimus_egg.parts import bodies, stretches
 
@@ -619,6 +620,49 @@ def test_a_body_returning_pieces_of_one_buffer_compiles_to_eager_values(shared):
         assert all(r.target is torch.mul and r.args[1] == 1 for r in returned), (name, returned)
 
 
+def _scaled_branch(sign: float):
+    def branch(a, b, c):
+        x, y, z = a * sign, b * sign, c * sign
+        q = y.clone()
+        q[:, :2].mul_(-2.0)
+        return x + y.mean(0, keepdim=True), q, z + x.mean(0, keepdim=True)
+    return branch
+
+
+class ClonedPiece(nn.Module):
+    """A cond whose branches scale three inputs (batch-pointwise makes them pieces of one
+    stacked result) and return a clone of one, written into after: the rebuilt branch returns
+    a clone of a piece, which Inductor drops as a no-op."""
+
+    def forward(self, a, b, c):
+        return torch.cond(a.sum() > 0, _scaled_branch(1.0), _scaled_branch(-1.0), (a, b, c))
+
+
+def test_a_branch_returning_a_clone_of_a_piece_compiles_to_eager_values():
+    """The dropped clone left the branch returning a piece at an offset, which Inductor refused
+    to merge with the other branch's result ("expected same storage_offset"; before: strict
+    raised). A clone of a view counts as a view: the branch returns it multiplied by one,
+    computed after the write into it; both branches give eager's values."""
+    m, graphs = ClonedPiece(), []
+
+    def backend(gm, example_inputs):
+        graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
+        return optimus_egg.backend(budget_s=2.0, strict=True)(gm, example_inputs)
+
+    fn = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for sign in (1, -1):
+            a, b, c = torch.randn(4, 3).abs() * sign, torch.randn(4, 3), torch.randn(4, 3)
+            torch.testing.assert_close(fn(a, b, c), m(a, b, c))
+    (out,) = graphs
+    assert out.meta["optimus_egg"].matches["batch-pointwise"] > 0, out.meta["optimus_egg"]
+    for name in ("cond_true_0", "cond_false_0"):
+        body = getattr(out, name).graph
+        returned = body.output_node().args[0][1]
+        assert returned.target is torch.mul and returned.args[0].target == "clone", body
+        assert list(body.nodes).index(returned) > max(list(body.nodes).index(n) for n in body.nodes if n.target == "mul_")
+
+
 class PiecesIn(nn.Module):
     """Two tanh'd inputs, batched by batch-pointwise into pieces of one stacked result, passed to
     each branch of a torch.cond or to a body two calls share."""
@@ -636,18 +680,16 @@ class PiecesIn(nn.Module):
 
 @pytest.mark.parametrize("shared", [False, True], ids=["cond", "invoke_subgraph"])
 def test_a_body_given_pieces_of_one_buffer_compiles_to_eager_values(shared):
-    """A body's inputs may not alias each other (torch.cond raises when traced again): an
-    operand that shares its base with another (a piece of the batched tanh) is passed as a
-    computed copy; to a shared body every view is, row-major (its calls must agree on layouts).
-    Through the backend (strict) both branches / both calls give eager's values."""
+    """A body's inputs may not alias each other (torch.cond raises when traced again), and a
+    piece of the batched tanh is strided unlike the input the body was traced with: every view
+    is passed as a row-major copy. Through the backend (strict) both branches / both calls give
+    eager's values."""
     out = _both_signs_through_the_backend(PiecesIn(shared))
     calls = [n for n in out.graph.nodes if n.target in (torch.ops.higher_order.cond, torch.ops.higher_order.invoke_subgraph)]
     assert calls
-    for call in calls:  # (every view passed to a shared body is copied: its calls' layouts must agree)
-        if call.target is torch.ops.higher_order.cond:
-            assert sum(a.target is torch.mul and a.args[1] == 1 for a in call.args[3]) == 1, call.args
-        else:
-            assert all(_copied_like(a) for a in call.args[2:]), call.args
+    for call in calls:  # (every view passed to a body is copied: the layouts it was traced with)
+        operands = call.args[3] if call.target is torch.ops.higher_order.cond else call.args[2:]
+        assert all(_copied_like(a) for a in operands), call.args
 
 
 class StridedIn(nn.Module):
@@ -716,6 +758,55 @@ def test_a_shared_body_given_operands_sized_by_other_expressions_compiles_to_eag
     assert len(calls) == 2
     firsts = {a.args[0].args[0] for c in calls for a in c.args[2:] if isinstance(a, fx.Node) and _copied_like(a)}
     assert len(firsts) == 2, calls  # (each position's copies are all sized like the first call's operand)
+
+
+@torch.compiler.nested_compile_region
+def _doubled_in_place(a, b):
+    a.mul_(2)
+    return a * b + a
+
+
+class WritesItsInput(nn.Module):
+    """StridedIn with a body that doubles its first input in place, a write the caller reads
+    after the calls."""
+
+    def forward(self, x):
+        a, b = torch.split(x, 3, dim=1)
+        p, q = torch.tanh(a), torch.tanh(b)
+        p1, q1, p2, q2 = p.clone(), q.clone(), p * 0.5, q * 0.5
+        return _doubled_in_place(p1, q1) + _doubled_in_place(p2, q2) + p1 + p2
+
+
+def test_a_graph_calling_a_body_that_writes_into_its_inputs_stays_as_it_is():
+    """Dynamo traces a shared body that writes into its input; the rewrites see a body call as
+    a reader, and the copy a call's operand would get (before: a batched piece, and a layout
+    the calls must share) would take the write, so the caller read the undoubled value. Such a
+    graph stays as it is (parts.writes_a_body_input), and the backend computes eager's values."""
+    m, x, graphs = WritesItsInput(), torch.randn(1, 6), []
+
+    def backend(gm, example_inputs):
+        graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
+        return optimus_egg.backend(budget_s=2.0, strict=True)(gm, example_inputs)
+
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(m, backend=backend)(x), m(x))
+    (out,) = graphs
+    assert "writes into its inputs" in out.meta["optimus_egg"].kept_input, out.meta["optimus_egg"]
+    assert parts.writes_a_body_input(out) and not parts.writes_a_body_input(_traced_with_body(StridedIn(), x))
+
+
+def _traced_with_body(m: nn.Module, x: torch.Tensor) -> fx.GraphModule:
+    """Dynamo's graph of `m` on `x`."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(m, backend=keep)(x)
+    return graphs[0]
 
 
 def _copied_like(a: fx.Node) -> bool:
@@ -822,10 +913,11 @@ def test_a_shared_body_whose_calls_read_different_results_trains_as_plain_torch_
 
 
 
-def test_only_tensor_operands_that_alias_another_are_copied():
-    """parts._unaliased_operands on a hand-built cond call: of two pieces of one unbind the second
-    is passed as `mul(piece, 1)`, the first and a size read twice from one tensor (no tensor:
-    nothing to alias) pass as they are; the rebuilt graph computes the same values."""
+def test_only_tensor_operands_that_are_views_are_copied():
+    """parts._unaliased_operands on a hand-built cond call: two pieces of one unbind (views) and
+    the tensor they view (an alias of them) are each passed as a row-major copy
+    (`empty_like(p).copy_(p)`, inserted before the call), a size read twice from one tensor (no
+    tensor: nothing to alias) passes as it is; the rebuilt graph computes the same values."""
     from optimus_egg.parts import _unaliased_operands
 
     g = fx.Graph()
@@ -838,12 +930,14 @@ def test_only_tensor_operands_that_alias_another_are_copied():
         p.meta["val"] = x.meta["val"][i]
     for s in sizes:
         s.meta["val"] = 3
-    call = g.call_function(torch.ops.higher_order.cond, (True, None, None, (p0, p1, *sizes)))
+    call = g.call_function(torch.ops.higher_order.cond, (True, None, None, (p0, p1, *sizes, x)))
     g.output(call)
     _unaliased_operands(g)
     operands = call.args[3]
-    assert operands[0] is p0 and operands[2:] == tuple(sizes)
-    assert operands[1].target is torch.mul and operands[1].args == (p1, 1)
+    assert operands[2:4] == tuple(sizes)
+    for a, p in zip(operands[:2] + operands[4:], (p0, p1, x)):
+        assert _copied_like(a) and a.args[1] is p and a.args[0].args == (p,), a
+        assert list(g.nodes).index(a) < list(g.nodes).index(call)
     g2, env = fx.Graph(), {}
     for n in g.nodes:  # the operands alone, computed
         if n.op == "output":
@@ -852,5 +946,5 @@ def test_only_tensor_operands_that_alias_another_are_copied():
             env[n] = g2.node_copy(n, lambda a: env[a])
     t = torch.randn(2, 3)
     out = fx.GraphModule({}, g2)(t)
-    torch.testing.assert_close(out[:2], (t[0], t[1]))
-    assert out[2:] == (3, 3)
+    torch.testing.assert_close(out[:2] + out[4:], (t[0], t[1], t))
+    assert out[2:4] == (3, 3)

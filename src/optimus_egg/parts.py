@@ -59,21 +59,24 @@ _SIZE_OPS = {torch.ops.aten.sym_size.int, operator.add, operator.mul, operator.f
 
 
 def _unaliased(graph: fx.Graph, returned):
-    """`returned` (a body's output structure) with each view, input, or repeated node copied.
+    """`returned` (a body's output structure, the body's graph not yet given its output) with
+    each view, input, or repeated node copied, the copies appended to the graph (after every
+    write a returned value may still get).
 
     An input or a repeated node is cloned. A view of a value the body computes (a piece of a
-    batched result) is multiplied by one instead: torch 2.13's Inductor drops a clone as a
-    no-op (post_grad.remove_noop_ops) and then compiles a cond branch or an invoke_subgraph
-    body that returns a piece of one of its buffers to wrong values (the pieces' offsets are
-    lost; plain torch.compile of `unbind(stack([a, b]) * 2)` pieces cloned in a cond branch
-    does the same), while a multiplication by a Python scalar is computed into a buffer of its
-    own (bool: and with True)."""
+    batched result), or a clone of one, is multiplied by one instead: torch 2.13's Inductor
+    drops a clone as a no-op (post_grad.remove_noop_ops) and then compiles a cond branch or an
+    invoke_subgraph body that returns a piece of one of its buffers to wrong values (the
+    pieces' offsets are lost; plain torch.compile of `unbind(stack([a, b]) * 2)` pieces cloned
+    in a cond branch does the same), or refuses a cond whose branches return such a piece and
+    a fresh tensor ("expected same storage_offset"), while a multiplication by a Python scalar
+    is computed into a buffer of its own (bool: and with True)."""
     seen: set[fx.Node] = set()
 
     def fresh(a: fx.Node) -> fx.Node:
         if not _may_be_tensor(a):
             return a
-        if _is_view(a):
+        if _is_view(_uncloned(a)):
             a = _computed_copy(graph, a)
         elif a.op in ("placeholder", "get_attr") or a in seen:
             a = graph.call_function(torch.clone, (a,))
@@ -81,6 +84,18 @@ def _unaliased(graph: fx.Graph, returned):
         return a
 
     return fx.node.map_arg(returned, fresh)
+
+
+# Copies Inductor may drop as no-ops where the result has its input's layout.
+_NOOP_COPIES = {"clone", "contiguous", "detach", "alias"}
+
+
+def _uncloned(a: fx.Node) -> fx.Node:
+    """`a` with any chain of clone-like ops (_NOOP_COPIES) on it stripped."""
+    while (a.op in ("call_function", "call_method") and _name(a.target) in _NOOP_COPIES
+           and a.args and isinstance(a.args[0], fx.Node)):
+        a = a.args[0]
+    return a
 
 
 def _may_be_tensor(a: fx.Node) -> bool:
@@ -101,11 +116,10 @@ _VALUE_KEYS = ("val", "example_value", "tensor_meta")
 
 
 def _computed_copy(graph: fx.Graph, a: fx.Node) -> fx.Node:
-    """A copy of `a` Inductor computes into a buffer of its own (see _unaliased), inserted
-    after `a`."""
+    """A copy of `a` Inductor computes into a buffer of its own (see _unaliased), inserted at
+    the graph's insertion point."""
     is_bool = getattr(_meta_value(a), "dtype", None) == torch.bool
-    with graph.inserting_after(a):
-        copied = graph.call_function(torch.bitwise_and if is_bool else torch.mul, (a, True if is_bool else 1))
+    copied = graph.call_function(torch.bitwise_and if is_bool else torch.mul, (a, True if is_bool else 1))
     copied.meta = {k: v for k, v in a.meta.items() if k in _VALUE_KEYS}
     return copied
 
@@ -157,16 +171,19 @@ def _aliasing(operands: list) -> list[bool]:
 
 
 def _unaliased_operands(graph: fx.Graph) -> None:
-    """Each cond call in `graph` given operands that alias no other operand: the branches'
-    inputs may not alias each other (torch.cond checks it when traced again), and a rewrite may
-    make them views of one value (pieces of a batched result). Each operand that shares its
-    base with an earlier one is replaced by a computed copy. (Shared bodies:
-    _consistent_shared_operands.)"""
+    """Each cond call in `graph` given operands that are no view and alias no other operand:
+    the branches' inputs may not alias each other (torch.cond checks it when traced again), and
+    a rewrite may make them views of one value (pieces of a batched result), strided unlike the
+    inputs the branches were traced with, which Inductor's code for a branch asserts at run
+    time ("expected ... stride 8==24"). Each such operand is passed as a row-major copy
+    (`_copy_like`). (Shared bodies: _consistent_shared_operands.)"""
     for n in list(graph.nodes):
         if n.op != "call_function" or _name(n.target) not in UNALIASED_OPS:
             continue
         operands, put = _operands(n)
-        put([_computed_copy(graph, a) if alias else a for a, alias in zip(operands, _aliasing(operands))])
+        put([_copy_like(graph, a, a, before=n) if alias or (isinstance(a, fx.Node) and _may_be_tensor(a)
+                                                            and _is_view(_uncloned(a))) else a
+             for a, alias in zip(operands, _aliasing(operands))])
 
 
 def _consistent_shared_operands(gm: fx.GraphModule, example_inputs: list) -> None:
@@ -249,6 +266,51 @@ def trains_a_shared_body(gm: fx.GraphModule) -> bool:
     body_outputs.py fixes one, the kernel order's precaution another may have been)."""
     return any(n.op == "call_function" and _name(n.target) in SHARED_OPS and _may_need_grad(n)
                for n in gm.graph.nodes)
+
+
+def writes_a_body_input(gm: fx.GraphModule) -> bool:
+    """Does `gm` call a body (BODY_OPS) that writes into one of its inputs: an in-place op on a
+    placeholder, on a view of one, or through a body it calls in turn? Dynamo traces such a
+    `nested_compile_region` body, whose write reaches the caller's tensor; the rewrites see a
+    body call as reading its operands only, and a copy passed for an operand (a piece of a
+    batched result, or a layout the calls must share) would take the write. optimize() leaves
+    such a graph as it is."""
+    return any(_body_writes_input(body) for body in _called_bodies(gm))
+
+
+def _called_bodies(gm: fx.GraphModule) -> list[fx.GraphModule]:
+    found = {id(b): b for n in gm.graph.nodes for b in _bodies_called_by(gm, n)}
+    return list(found.values())
+
+
+def _bodies_called_by(gm: fx.GraphModule, n: fx.Node) -> list[fx.GraphModule]:
+    if n.op != "call_function" or _name(n.target) not in BODY_OPS:
+        return []
+    attrs = [n.args[k] for k in BODY_OPS[_name(n.target)][0] if k < len(n.args)]
+    found = [_fetch(gm, a.target) for a in attrs if isinstance(a, fx.Node) and a.op == "get_attr"]
+    return [b for b in found if isinstance(b, fx.GraphModule)]
+
+
+def _body_writes_input(body: fx.GraphModule) -> bool:
+    from optimus_egg.from_fx import _is_view as _aliases, _returns_input, is_mutation
+
+    modules = dict(body.named_modules())
+    aliased = set(body.graph.find_nodes(op="placeholder"))  # its inputs and their views
+    for n in body.graph.nodes:  # (in graph order: a view comes after what it views)
+        called = _bodies_called_by(body, n)
+        if called:
+            if (any(a in aliased for a in body_inputs(n) if isinstance(a, fx.Node))
+                    and any(_body_writes_input(b) for b in called)):
+                return True
+            continue
+        first = n.all_input_nodes[:1]
+        if not first or first[0] not in aliased:
+            continue
+        if is_mutation(n, modules):
+            return True
+        if _aliases(n) or _returns_input(n, modules):
+            aliased.add(n)
+    return False
 
 
 def body_inputs(call: fx.Node) -> list:

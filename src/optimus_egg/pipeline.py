@@ -287,6 +287,9 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
     if training and budget_s > 0 and parts.trains_a_shared_body(gm):
         report.kept_input = "in training, a graph calling a nested_compile_region body a gradient reaches stays as it is"
         return gm
+    if budget_s > 0 and parts.writes_a_body_input(gm):
+        report.kept_input = "a graph calling a body that writes into its inputs stays as it is"
+        return gm
     if parts.has_state_changes(gm) or (budget_s > 0 and parts.bodies(gm)):
         return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training)
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
