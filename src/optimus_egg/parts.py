@@ -128,10 +128,17 @@ def _copy_like(graph: fx.Graph, a: fx.Node, like: fx.Node, before: fx.Node) -> f
     """`a` copied into a new row-major tensor of `like`'s sizes, inserted before `before`: its
     strides depend on the sizes alone (a product by one would keep a permuted input's order and
     a size-1 dimension's stride), and its sizes are `like`'s expressions where `a`'s are other
-    expressions equal under the graph's guards (a reshape to them is traced as a no-op)."""
+    expressions equal under the graph's guards (a reshape to them is traced as a no-op). What
+    is copied is `a` multiplied by one (bool: and with True), a buffer Inductor computes: where
+    the copy has `a`'s layout Inductor drops it as a no-op, and a piece of a buffer Inductor
+    laid out otherwise than its fake value says would reach the body (whose code asserts the
+    strides it was traced with)."""
+    is_bool = getattr(_meta_value(a), "dtype", None) == torch.bool
     with graph.inserting_before(before):
+        computed = graph.call_function(torch.bitwise_and if is_bool else torch.mul, (a, True if is_bool else 1))
         empty = graph.call_function(torch.empty_like, (like,), {"memory_format": torch.contiguous_format})
-        copied = graph.call_method("copy_", (empty, a))
+        copied = graph.call_method("copy_", (empty, computed))
+    computed.meta = {k: v for k, v in a.meta.items() if k in _VALUE_KEYS}
     for n in (empty, copied):
         n.meta = {k: v for k, v in like.meta.items() if k in _VALUE_KEYS}
     return copied
