@@ -588,21 +588,27 @@ class PiecesOut(nn.Module):
         return y + 2 * z
 
 
+def _optimized_through_the_backend(m: nn.Module, calls: list[tuple], dynamic: bool = False) -> fx.GraphModule:
+    """Call `m` on each argument tuple through the backend (strict, 2 s) in inference, checking
+    eager's values; returns the one graph optimize() made of Dynamo's."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
+        return optimus_egg.backend(budget_s=2.0, strict=True)(gm, example_inputs)
+
+    fn = torch.compile(m, backend=backend, dynamic=dynamic)
+    with torch.no_grad():
+        for args in calls:
+            torch.testing.assert_close(fn(*args), m(*args))
+    (out,) = graphs
+    return out
+
+
 def _both_signs_through_the_backend(m: nn.Module) -> fx.GraphModule:
     """Run `m(a, b)` through the backend (strict) in inference with a's sum of either sign (both
     cond branches), checking eager's values; returns optimize()'s graph, batch-pointwise fired."""
-    out_graphs, real = [], optimus_egg.backend(budget_s=2.0, strict=True)
-
-    def backend(gm, example_inputs):
-        out_graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
-        return real(gm, example_inputs)
-
-    fn = torch.compile(m, backend=backend)
-    with torch.no_grad():
-        for sign in (1, -1):
-            a, b = torch.randn(2, 4).abs() * sign, torch.randn(2, 4)
-            torch.testing.assert_close(fn(a, b), m(a, b), rtol=1e-5, atol=1e-6)
-    (out,) = out_graphs
+    out = _optimized_through_the_backend(m, [(torch.randn(2, 4).abs() * sign, torch.randn(2, 4)) for sign in (1, -1)])
     report = out.meta["optimus_egg"]
     assert report.changed and report.matches["batch-pointwise"] > 0, report
     return out
@@ -643,18 +649,8 @@ def test_a_branch_returning_a_clone_of_a_piece_compiles_to_eager_values():
     to merge with the other branch's result ("expected same storage_offset"; before: strict
     raised). A clone of a view counts as a view: the branch returns it multiplied by one,
     computed after the write into it; both branches give eager's values."""
-    m, graphs = ClonedPiece(), []
-
-    def backend(gm, example_inputs):
-        graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
-        return optimus_egg.backend(budget_s=2.0, strict=True)(gm, example_inputs)
-
-    fn = torch.compile(m, backend=backend)
-    with torch.no_grad():
-        for sign in (1, -1):
-            a, b, c = torch.randn(4, 3).abs() * sign, torch.randn(4, 3), torch.randn(4, 3)
-            torch.testing.assert_close(fn(a, b, c), m(a, b, c))
-    (out,) = graphs
+    out = _optimized_through_the_backend(
+        ClonedPiece(), [(torch.randn(4, 3).abs() * sign, torch.randn(4, 3), torch.randn(4, 3)) for sign in (1, -1)])
     assert out.meta["optimus_egg"].matches["batch-pointwise"] > 0, out.meta["optimus_egg"]
     for name in ("cond_true_0", "cond_false_0"):
         body = getattr(out, name).graph
@@ -709,15 +705,7 @@ def test_a_shared_body_given_operands_strided_apart_compiles_to_eager_values():
     ("subgraph args must have consistent values"; before: strict raised on StridedIn). Where the
     rewritten calls' operands differ in strides, or one is a view, every call passes a row-major
     copy: the layouts agree and the values are eager's."""
-    m, x, graphs = StridedIn(), torch.randn(1, 6), []
-
-    def backend(gm, example_inputs):
-        graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
-        return optimus_egg.backend(budget_s=2.0, strict=True)(gm, example_inputs)
-
-    with torch.no_grad():
-        torch.testing.assert_close(torch.compile(m, backend=backend)(x), m(x))
-    (out,) = graphs
+    out = _optimized_through_the_backend(StridedIn(), [(torch.randn(1, 6),)])
     assert out.meta["optimus_egg"].matches["batch-pointwise"] > 0, out.meta["optimus_egg"]
     calls = [n for n in out.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
     assert len(calls) == 2
@@ -741,18 +729,7 @@ def test_a_shared_body_given_operands_sized_by_other_expressions_compiles_to_eag
     (before: strict raised on ChunkStack). The operands are compared by fake values propagated
     in Dynamo's own fake mode, and each call passes a copy sized as the first call's operand
     (a reshape to those sizes is traced as a no-op); values at two batch sizes are eager's."""
-    m, graphs = ChunkStack(), []
-
-    def backend(gm, example_inputs):
-        graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
-        return optimus_egg.backend(budget_s=2.0, strict=True)(gm, example_inputs)
-
-    fn = torch.compile(m, backend=backend, dynamic=True)
-    with torch.no_grad():
-        for b in (3, 5):
-            x = torch.randn(b, 16)
-            torch.testing.assert_close(fn(x), m(x))
-    (out,) = graphs
+    out = _optimized_through_the_backend(ChunkStack(), [(torch.randn(b, 16),) for b in (3, 5)], dynamic=True)
     assert out.meta["optimus_egg"].matches["unbind-of-stack"] > 0, out.meta["optimus_egg"]
     calls = [n for n in out.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
     assert len(calls) == 2
@@ -782,15 +759,8 @@ def test_a_graph_calling_a_body_that_writes_into_its_inputs_stays_as_it_is():
     a reader, and the copy a call's operand would get (before: a batched piece, and a layout
     the calls must share) would take the write, so the caller read the undoubled value. Such a
     graph stays as it is (parts.writes_a_body_input), and the backend computes eager's values."""
-    m, x, graphs = WritesItsInput(), torch.randn(1, 6), []
-
-    def backend(gm, example_inputs):
-        graphs.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True))
-        return optimus_egg.backend(budget_s=2.0, strict=True)(gm, example_inputs)
-
-    with torch.no_grad():
-        torch.testing.assert_close(torch.compile(m, backend=backend)(x), m(x))
-    (out,) = graphs
+    x = torch.randn(1, 6)
+    out = _optimized_through_the_backend(WritesItsInput(), [(x,)])
     assert "writes into its inputs" in out.meta["optimus_egg"].kept_input, out.meta["optimus_egg"]
     assert parts.writes_a_body_input(out) and not parts.writes_a_body_input(_traced_with_body(StridedIn(), x))
 
