@@ -133,12 +133,10 @@ def _copy_like(graph: fx.Graph, a: fx.Node, like: fx.Node, before: fx.Node) -> f
     the copy has `a`'s layout Inductor drops it as a no-op, and a piece of a buffer Inductor
     laid out otherwise than its fake value says would reach the body (whose code asserts the
     strides it was traced with)."""
-    is_bool = getattr(_meta_value(a), "dtype", None) == torch.bool
     with graph.inserting_before(before):
-        computed = graph.call_function(torch.bitwise_and if is_bool else torch.mul, (a, True if is_bool else 1))
+        computed = _computed_copy(graph, a)
         empty = graph.call_function(torch.empty_like, (like,), {"memory_format": torch.contiguous_format})
         copied = graph.call_method("copy_", (empty, computed))
-    computed.meta = {k: v for k, v in a.meta.items() if k in _VALUE_KEYS}
     for n in (empty, copied):
         n.meta = {k: v for k, v in like.meta.items() if k in _VALUE_KEYS}
     return copied
@@ -201,10 +199,10 @@ def _consistent_shared_operands(gm: fx.GraphModule, example_inputs: list) -> Non
     make one call's input a piece of a batched result, or a value computed otherwise, strided
     unlike another call's (even on a size-1 dimension), or sized by another expression equal
     under the graph's guards (the last of a chunk's pieces for the first). So at each operand
-    position where some call passes a view, a tensor sharing its base with an earlier operand,
-    or a value whose sizes or strides differ from another call's (by fake values propagated
-    through `gm`; every position if that fails), every call passes a row-major copy sized as
-    the first call's operand (`_copy_like`)."""
+    position where some call passes a view (or a clone of one, which Inductor may drop), a
+    tensor sharing its base with an earlier operand, or a value whose sizes or strides differ
+    from another call's (by fake values propagated through `gm`; every position if that
+    fails), every call passes a row-major copy sized as the first call's operand (`_copy_like`)."""
     calls: dict[str, list[fx.Node]] = defaultdict(list)
     for n in gm.graph.nodes:
         if n.op == "call_function" and _name(n.target) in SHARED_OPS and isinstance(n.args[0], fx.Node):
@@ -230,7 +228,7 @@ def _consistent_shared_operands(gm: fx.GraphModule, example_inputs: list) -> Non
             if not all(tensor(a) for a in column):
                 continue
             layouts = None if values is None else {layout(a) for a in column}
-            if (any(_is_view(a) for a in column) or any(f[k] for f in flags)
+            if (any(_is_view(_uncloned(a)) for a in column) or any(f[k] for f in flags)
                     or (len(group) > 1 and (layouts is None or len(layouts) > 1))):
                 for c, (ops, _) in zip(group, operands):
                     ops[k] = _copy_like(gm.graph, ops[k], column[0], before=c)
