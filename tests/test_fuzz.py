@@ -999,6 +999,15 @@ def test_random_program_trains_through_the_backend(prog):
     ("attend", 3, "bmm", "chain", [2, 3]), ("uneven", "nan_to_num", (3, 5, 4, 2, 2))),
     "split": "reshape_unbind_neg", "out": "cat", "tap": (0, 0), "block": (2, 2, "enable_grad"), "special": False,
     "dtype": torch.float64, "seed": 3070}, dynamic=True)
+# A piece of a stack in an autocast block, written in place after it: the block's stack and
+# unbind cancelled into views of the input, into which the write then went (parts.Plan now marks
+# every value that may alias a written tensor, and its part orders it as a write's).
+@example(prog={"n": 4, "d": 4, "b": 4, "steps": (
+    ("inplace", "clone_mul", 3), ("squeeze_split", 1, 1, 2), ("attend", 0, "matmul", "chain", [1, 3]),
+    ("inplace", "direct_copy", 0), ("squeeze_split", 2, 1, 0), ("linear", "shared_fn", False, [0, 2]),
+    ("regroup", "reversed_stack_unbind"), ("inplace", "direct_copy", 0)),
+    "split": "view_unbind", "out": "sum", "tap": None, "block": (0, 2, "autocast_off"), "special": True,
+    "dtype": torch.float64, "seed": 4490}, dynamic=False)
 def test_random_program_runs_through_the_backend(prog, dynamic):
     """torch.compile(model, backend=optimus_egg.backend(...)) in inference (under no_grad), on
     Dynamo's graph, with every backend default: the search priced for the GEMM loops, the

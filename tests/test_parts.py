@@ -272,6 +272,36 @@ def test_a_split_and_cat_across_a_block_do_not_cancel():
     assert_same_grads(m, ref)
 
 
+class WrittenAfterABlock(nn.Module):
+    """x's pieces stacked and unbound again in a no_grad block, one of them written in place
+    after it: eagerly the write goes into the stack, never into x."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, x):
+        with torch.no_grad():
+            a, b = torch.stack(x.unbind(1), 1).unbind(1)
+            hs = [torch.tanh(lin(x[:, 1])) for lin in self.ls]
+        a.copy_(b * 2)
+        return a + x[:, 0], torch.cat(hs, 1)
+
+
+def test_a_stack_whose_piece_a_later_part_writes_into_does_not_cancel():
+    """The block's stack and unbind would cancel into views of x, and the write after the
+    block would go into the input (and into the `x[:, 0]` read after it)."""
+    torch.manual_seed(0)
+    m = WrittenAfterABlock()
+    x = torch.randn(4, 2, 8)
+    expected = m(x.clone())
+    given = x.clone()
+    out, (report,) = through_backend(m, given)
+    assert report.parts == 2 and report.matches["batch-linear-lhs"] == 3, report.matches  # the block's linears
+    torch.testing.assert_close(given, x)
+    torch.testing.assert_close(out, expected)
+
+
 class Autocast(nn.Module):
     def __init__(self, d=16):
         super().__init__()
@@ -415,6 +445,40 @@ def test_a_checkpointed_model_trains_through_the_backend():
     out.square().sum().backward()
     expected.square().sum().backward()
     assert_same_grads(m, ref, rtol=1e-4, atol=1e-5)
+
+
+class WritesAfterACheckpoint(nn.Module):
+    """A checkpointed body returning a cat of x's pieces (and three linears' results), and a
+    write after it into that result or into x: eagerly the cat is a copy that x and the
+    result do not share."""
+
+    def __init__(self, into: str, d=8):
+        super().__init__()
+        self.into = into
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+
+    def body(self, x):
+        return torch.cat(torch.split(x, 4, 1), 1), torch.cat([torch.tanh(lin(x)) for lin in self.ls], 1)
+
+    def forward(self, x):
+        y, h = checkpoint(self.body, x, use_reentrant=False)
+        (y if self.into == "result" else x).mul_(2)
+        return y + x, h
+
+
+@pytest.mark.parametrize("into", ["result", "operand"])
+def test_a_checkpointed_result_a_write_may_reach_stays_a_copy(into):
+    """The body's cat and split would cancel into x itself, which the write would then change."""
+    torch.manual_seed(0)
+    m = WritesAfterACheckpoint(into).eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        expected = m(x.clone())
+        given = x.clone()
+        out, (report,) = through_backend(m, given)
+    assert report.parts == 2 and report.matches["batch-linear-lhs"] == 3, report.matches
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(given, x * 2 if into == "operand" else x)
 
 
 @pytest.mark.parametrize("make", [lambda: TwoBlocks(torch.no_grad), Checkpointed], ids=["no_grad", "checkpoint"])

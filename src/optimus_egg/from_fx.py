@@ -174,6 +174,9 @@ GLOBAL_STATE = {"_set_grad_enabled", "_enter_autocast", "_exit_autocast", "_ente
 # and shared templates never span two parts.
 PART = "optimus_egg_part"
 GRAD_REACH = "optimus_egg_grad_reach"  # meta: whether a gradient of the outputs reaches the node (_grad_reach)
+# Node meta key: the node may alias a tensor another part writes into (parts.py); it is ordered
+# as the nodes touching a write are (_ordered_effects), so no rewrite changes what it aliases.
+WRITTEN = "optimus_egg_written"
 # Calls that open or close a functorch transform (vmap, grad, jvp) traced inline: nodes
 # between them see batched or dual tensors; such a graph is not lowered at all.
 _TRANSFORMS = {"_vmap_increment_nesting", "_vmap_decrement_nesting", "_grad_increment_nesting",
@@ -322,17 +325,39 @@ def _is_impure(node: fx.Node, modules: dict | None) -> bool:
 
 def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list | None = None) -> list[fx.Node]:
     """Nodes whose order must be kept, in graph order: those touching a mutated tensor or one
-    of its views, and calls kept for what they do (asserts, export's guards, RNG draws).
-    `mutated`: the mutating nodes, if already known."""
+    of its views (or a value marked WRITTEN: written in another part), and calls kept for what
+    they do (asserts, export's guards, RNG draws). `mutated`: the mutating nodes, if known."""
     impure = {n for n in graph.nodes
               if n.op in ("call_function", "call_module", "call_method")
               and (_is_impure(n, modules) or draws_random(n, modules))}
     if mutated is None:
         mutated = [n for n in graph.nodes if is_mutation(n, modules)]
-    if not mutated:
+    marked = [n for n in graph.nodes if n.meta.get(WRITTEN)]
+    if not mutated and not marked:
         return [n for n in graph.nodes if n in impure]
+    aliased = written_aliases(graph, modules, mutated, marked)
+    touched = set(aliased)
+    for n in aliased:
+        touched.update(u for u in n.users if u.op != "output")
+    # A read after the graph's last write whose only aliased operand is that write's result
+    # (functional.py rewires reads of a written tensor to the write) depends on the write as
+    # data and sees no write after it: it need not be ordered, and its ops can batch.
+    free: set[fx.Node] = set()
+    if mutated:
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        last = max(mutated, key=order.__getitem__)
+        free = {u for u in last.users if u not in aliased and u not in impure and order[u] > order[last]
+                and all(a is last or a not in aliased for a in u.all_input_nodes)}
+    return [n for n in graph.nodes if (n in touched and n not in free and n.op not in ("placeholder", "get_attr"))
+            or n in impure]
+
+
+def written_aliases(graph: fx.Graph, modules: dict | None, mutated: list, marked: Sequence[fx.Node] = ()) -> set[fx.Node]:
+    """The writes `mutated`, the tensors they write into, and every node that may alias one
+    of those (views both ways, writes, calls returning their input), `marked` nodes' aliases
+    included."""
     aliased: set[fx.Node] = set()
-    todo = [a for n in mutated for a in n.all_input_nodes[:1]] + mutated
+    todo = [a for n in mutated for a in n.all_input_nodes[:1]] + list(mutated) + list(marked)
     while todo:
         n = todo.pop()
         if n in aliased:
@@ -341,18 +366,7 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
         if _is_view(n) or is_mutation(n, modules) or _returns_input(n, modules):
             todo.extend(n.all_input_nodes[:1])
         todo.extend(u for u in n.users if _is_view(u) or is_mutation(u, modules) or _returns_input(u, modules))
-    touched = set(aliased)
-    for n in aliased:
-        touched.update(u for u in n.users if u.op != "output")
-    # A read after the graph's last write whose only aliased operand is that write's result
-    # (functional.py rewires reads of a written tensor to the write) depends on the write as
-    # data and sees no write after it: it need not be ordered, and its ops can batch.
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    last = max(mutated, key=order.__getitem__)
-    free = {u for u in last.users if u not in aliased and u not in impure and order[u] > order[last]
-            and all(a is last or a not in aliased for a in u.all_input_nodes)}
-    return [n for n in graph.nodes if (n in touched and n not in free and n.op not in ("placeholder", "get_attr"))
-            or n in impure]
+    return aliased
 
 
 def _depths(graph: fx.Graph, free: Callable[[fx.Node], bool] = lambda n: False,

@@ -33,7 +33,8 @@ import torch
 from torch import fx
 
 from optimus_egg.extract.launch_cost import VIEW_TARGETS
-from optimus_egg.from_fx import GLOBAL_STATE, GRAD_REACH, PART, _grad_reach, _name
+from optimus_egg.from_fx import (GLOBAL_STATE, GRAD_REACH, PART, WRITTEN, _grad_reach, _name, is_mutation,
+                                 written_aliases)
 from optimus_egg.shapes import _fetch, _meta_value
 
 MIN_NODES = 2  # a stretch with fewer call nodes has nothing to batch or cancel
@@ -297,7 +298,7 @@ def _bodies_called_by(gm: fx.GraphModule, n: fx.Node) -> list[fx.GraphModule]:
 
 
 def _body_writes_input(body: fx.GraphModule) -> bool:
-    from optimus_egg.from_fx import _is_view as _aliases, _returns_input, is_mutation
+    from optimus_egg.from_fx import _is_view as _aliases, _returns_input
 
     modules = dict(body.named_modules())
     aliased = set(body.graph.find_nodes(op="placeholder"))  # its inputs and their views
@@ -439,19 +440,30 @@ class Plan:
         self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in FRESH_OUTPUT_OPS
                                                     and any(c in reach for c in p.calls) and not p.grad_off
                                                     and any(_may_need_grad(c) for c in p.calls))]
+        # A part sees no write another part makes: each value of gm that may alias a tensor
+        # written anywhere in gm is marked, and ordered in its part as if written there (a
+        # split and a stack around a piece written later must not cancel into a view of the input).
+        modules = dict(gm.named_modules())
+        written = written_aliases(gm.graph, modules, [n for n in gm.graph.nodes if is_mutation(n, modules)])
         g = fx.Graph()
         env: dict[tuple[int, fx.Node], fx.Node] = {}
         self.leaf_of: list[tuple[int, fx.Node]] = []  # per placeholder of `combined`
         for i, p in enumerate(self.parts):
             for leaf in p.leaves:
                 ph = env[i, leaf] = g.placeholder(f"part{i}_{leaf.name}")
-                ph.meta = {**leaf.meta, PART: i, GRAD_REACH: leaf in reach}
+                ph.meta = {**leaf.meta, PART: i, GRAD_REACH: leaf in reach, WRITTEN: leaf in written}
                 self.leaf_of.append((i, leaf))
         outs = []
         for i, p in enumerate(self.parts):
+            # a body's results, where a write may reach them through a call (into a result, or
+            # into an operand a rewrite could make a result a view of); cond and shared bodies
+            # return fresh copies anyway (_unaliased)
+            results_written = p.body is not None and _name(p.calls[0].target) not in FRESH_OUTPUT_OPS and any(
+                c in written or any(a in written for a in c.all_input_nodes) for c in p.calls)
             for n in p.nodes:
                 env[i, n] = g.node_copy(n, lambda a, i=i: env[i, a])
-                env[i, n].meta.update({PART: i, GRAD_REACH: n in reach})
+                env[i, n].meta.update({PART: i, GRAD_REACH: n in reach,
+                                       WRITTEN: n in written or (results_written and n in p.outputs)})
             outs += [env[i, n] for n in p.outputs]
         g.output(tuple(outs))
         self.combined = fx.GraphModule(gm, g, class_name=type(gm).__name__)
@@ -528,8 +540,8 @@ class Plan:
         def emit(graph: fx.Graph, i: int, lookup: dict) -> None:
             for n in by_part[i]:
                 lookup[n] = graph.node_copy(n, lookup.__getitem__)
-                lookup[n].meta.pop(PART, None)  # (only the parts' graph speaks of parts)
-                lookup[n].meta.pop(GRAD_REACH, None)
+                for key in (PART, GRAD_REACH, WRITTEN):  # (only the parts' graph speaks of parts)
+                    lookup[n].meta.pop(key, None)
 
         def result(graph: fx.Graph, i: int, o: fx.Node, lookup: dict):
             """What part i's output o became. Out of a part run with grad disabled, a value it
