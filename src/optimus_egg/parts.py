@@ -20,6 +20,11 @@ shared between parts), and every node carries its part in `meta[from_fx.PART]`, 
 puts in every group key and shared template. That graph is optimized once, on the whole budget;
 its result is split back by part: each stretch's nodes go where the stretch was, each body's
 into a new body module.
+
+Writes. A part sees no write another part makes, so each value of the graph that may alias a
+tensor written anywhere in it is marked (`from_fx.WRITTEN`) and ordered in its part as the
+nodes touching a write are; a checkpointed body's results are marked too where a write after
+its call may reach them.
 """
 from __future__ import annotations
 
@@ -660,11 +665,14 @@ def _fake_values(gm: fx.GraphModule, example_inputs: list, mode=None) -> dict[fx
     whose fakes `example_inputs` then are; else a new mode)."""
     from torch._dispatch.python import enable_python_dispatcher
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     values: dict[fx.Node, object] = {}
 
-    class Recording(FakeTensorProp):
+    class Recording(fx.Interpreter):
+        """(FakeTensorProp would write each value into the node's meta, the bodies' nodes
+        included, where AOT autograd reads them when it traces the graph next: a shared body's
+        calls then trained to "outs_to_grad length (1) != tangents length (0)".)"""
+
         def run_node(self, n):
             values[n] = super().run_node(n)
             return values[n]
@@ -675,7 +683,7 @@ def _fake_values(gm: fx.GraphModule, example_inputs: list, mode=None) -> dict[fx
     grad = torch.is_grad_enabled()
     try:  # the graph's own state changes run for real: leave the state as it was
         with mode, enable_python_dispatcher():  # (as AOT autograd traces: symbolic sizes need it)
-            Recording(gm, mode).propagate_dont_convert_inputs(*example_inputs)
+            Recording(gm).run(*example_inputs)
     finally:
         torch.set_grad_enabled(grad)
     return values
