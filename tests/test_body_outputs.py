@@ -119,11 +119,12 @@ def test_the_pass_copies_the_pieces_a_post_grad_batch_fusion_returns():
 
 
 @pytest.mark.parametrize("switches", [True, False], ids=["defaults", "every_switch_off"])
-def test_a_graph_calling_a_shared_body_is_left_as_it_is_in_training(switches):
-    """In training the backend leaves a graph that calls a shared body a gradient reaches as it
-    is (parts.trains_a_shared_body: rewritten around or inside such bodies, random programs
-    trained to wrong gradients): whatever its switches, the step's output and gradients equal
-    eager's. In inference it batches the body's three layer norms (batch_layernorm)."""
+def test_a_shared_body_is_left_as_it_is_in_training(switches):
+    """In training a shared body a gradient reaches stays as it is (rewritten inside, random
+    programs trained to wrong gradients), and optimize() alone leaves the whole graph calling
+    it as it is (parts.trains_a_shared_body; the backend rewrites around the calls, compiling
+    without buffer reuse): whatever the backend's switches, the step's output and gradients
+    equal eager's. In inference it batches the body's three layer norms (batch_layernorm)."""
     torch.manual_seed(0)
     model, x = Norms(stacked=False), torch.randn(4, 24)
     expected = trained(model, x, None)

@@ -166,6 +166,13 @@ def test_budget_of_wrong_type_is_a_type_error(mlp):
         optimus_egg.optimize(gm, inputs, budget_s="1")
 
 
+@pytest.mark.parametrize("option", ["gemm_loops", "training", "buffer_reuse"])
+def test_a_switch_that_is_no_bool_is_a_type_error(mlp, option):
+    gm, inputs = mlp
+    with pytest.raises(TypeError, match=f"{option} must be a bool"):
+        optimus_egg.optimize(gm, inputs, **{option: "yes"})
+
+
 def test_wrong_input_count_is_a_value_error(mlp):
     gm, inputs = mlp
     with pytest.raises(ValueError, match="placeholders"):

@@ -348,6 +348,41 @@ def test_a_copy_into_a_fresh_value_reads_as_its_source_and_batches(spelling):
     torch.testing.assert_close(got, want)
 
 
+class _BroadcastCopy(nn.Module):
+    """A linear's output overwritten by `copy_` of one row broadcast over it, read by a linear;
+    three more linears of x to batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.l0, self.l1, self.l2, self.l3, self.l4 = (nn.Linear(8, 8) for _ in range(5))
+
+    def forward(self, x, row):
+        h = self.l0(x) * 2.0
+        h.copy_(row)
+        return self.l1(h), self.l2(x), self.l3(x), self.l4(x)
+
+
+def test_a_broadcast_copy_into_a_fresh_value_stays_a_write_and_trains():
+    """`h.copy_(row)`, `row` broadcast over h's rows: `aten.copy(h, row)` would not lower to
+    `row`, and autograd has no derivative for aten.copy (a training step raised "derivative for
+    aten::copy is not implemented"): the write stays in place, and the step's gradients (the
+    row's included) are eager's."""
+    torch.manual_seed(0)
+    model = _BroadcastCopy()
+    inputs = [torch.randn(6, 8), torch.randn(8, requires_grad=True)]
+    gm = fx.symbolic_trace(model)
+    out = optimus_egg.optimize(gm, inputs, 2.0, strict=True, training=True)
+    report = out.meta["optimus_egg"]
+    assert report.out_of_place == 0 and calls(out, "copy_") == 1, report
+    assert report.changed and report.matches.get("batch-linear-lhs", 0) == 4, report.matches  # (l0 too: h is its double)
+    sum(t.sum() for t in model(*inputs)).backward()
+    want = {k: p.grad.clone() for k, p in model.named_parameters()} | {"row": inputs[1].grad.clone()}
+    model.zero_grad(set_to_none=True)
+    inputs[1].grad = None
+    sum(t.sum() for t in out(*inputs)).backward()
+    torch.testing.assert_close({k: p.grad for k, p in model.named_parameters()} | {"row": inputs[1].grad}, want)
+
+
 class _WriteThatStays(nn.Module):
     """Four linears of x's pieces (a batch to find) and a write that must stay in place."""
 

@@ -29,7 +29,10 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     unbatched, as do the post-grad GEMM batchings. With `mask_stores` (default) Inductor stores
     the bool masks a CPU training graph saves for the backward as bytes (`mask_stores.py`), about
     8x faster than its vectorized bool store. Either way Inductor compiles the backward
-    without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug). `inductor`:
+    without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug), and a training
+    graph calling a `nested_compile_region` body whose results need a gradient without any
+    buffer reuse (`baselines.SHARED_BODY_TRAINING`, and without the mask stores, which do not
+    compile so), which lets optimize rewrite around the calls (its `buffer_reuse=False`). `inductor`:
     Inductor config options (``{"max_autotune": True}``), applied over optimus_egg's. Other
     options (OPTIMIZE_OPTIONS: strict, disable, limits, verify) go to `optimize`; any other
     name is a TypeError.
@@ -57,8 +60,11 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
 
-        from optimus_egg.baselines import EGG_BACKWARD, backend_patches, backward_patched
+        from optimus_egg.baselines import EGG_BACKWARD, SHARED_BODY_TRAINING, backend_patches, backward_patched
+        from optimus_egg.parts import trains_a_shared_body
         from optimus_egg.pipeline import optimize
+
+        shared = trains_a_shared_body(gm)  # (then compiled without buffer reuse, optimized or not)
 
         compile_inner = backward_patched(EGG_BACKWARD)
         extras = post_grad or kernel_order or gemm_loops or mask_stores  # Inductor options beyond plain torch.compile's
@@ -85,11 +91,14 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
 
         def inductor(g: torch.fx.GraphModule, with_extras: bool = extras):
             # compile_fx re-applies its config_patches when it compiles the backward later
-            patches = {**(backend_patches(post_grad, kernel_order, gemm_loops, mask_stores) if with_extras else {}), **user}
+            # (the mask stores with the reuse off: C++ that does not compile, "Vectorized<bool> has no cast")
+            patches = {**(backend_patches(post_grad, kernel_order, gemm_loops, mask_stores and not shared)
+                          if with_extras else {}),
+                       **(SHARED_BODY_TRAINING if shared else {}), **user}
             return compile_fx(g, example_inputs, inner_compile=inner if with_extras else compile_inner,
                               config_patches=patches or None)
 
-        out = optimize(gm, list(example_inputs), budget_s, gemm_loops=gemm_loops, **options)
+        out = optimize(gm, list(example_inputs), budget_s, gemm_loops=gemm_loops, buffer_reuse=not shared, **options)
         try:  # (with every switch off, still body_outputs.BODY_OUTPUTS: backend_patches)
             return inductor(out, with_extras=True)
         except Exception as e:

@@ -524,6 +524,14 @@ def inductor_with_optimus(
 # likelier. The forward keeps the reuse: it reads no saved tensors. Without it in the
 # backward, same launches on the bench models (tests/test_backend.py has the case).
 EGG_BACKWARD: dict[str, Any] = {"inplace_buffers": False}
+# Inductor options the optimus_egg backend compiles a training graph with where it calls a
+# shared body (`nested_compile_region`'s invoke_subgraph) whose results need a gradient
+# (`parts.trains_a_shared_body`). With torch 2.13's buffer reuse in the forward, a random
+# program's graph rewritten around such calls trained to wrong gradients while its values were
+# right (a buffer reused while a saved tensor still needed it; aot_eager on the same graph, and
+# Inductor without the reuse, are right). Costs memory, not launches. (Inductor then writes
+# C++ that does not compile for the mask stores, `mask_stores.py`: the backend leaves them out.)
+SHARED_BODY_TRAINING: dict[str, Any] = {"allow_buffer_reuse": False}
 
 
 def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None = None) -> Callable[..., Any]:

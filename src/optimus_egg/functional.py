@@ -11,9 +11,11 @@ reads that op's result. Writes into graph inputs, parameters, views or values wh
 are read later stay as they are, and so do writes whose out-of-place op would give another
 dtype (a tensor operand of another dtype) or into values that are not floating. `h.copy_(y)`
 becomes `aten.copy(h, y)`, not `y.clone()`: `h` stays its operand, so the gradient still
-reaches what computed `h` (eagerly it gets zeros, and the output still requires grad). Where
-`y` has `h`'s shape and dtype, from_fx lowers that copy to `y` itself; `h`'s producers then
-drop out, and the pipeline gives their parameters their zero gradients back (ops.keep_grads).
+reaches what computed `h` (eagerly it gets zeros, and the output still requires grad), and
+only where `y` has `h`'s shape, dtype and device: from_fx lowers that copy to `y` itself
+(another, kept as aten.copy, could not be trained: autograd has no derivative for it); `h`'s
+producers then drop out, and the pipeline gives their parameters their zero gradients back
+(ops.keep_grads).
 
 A write that stays (into an input, a view, ...) and returns the tensor it wrote (`t.copy_(y)`,
 `t.add_(y)`, `torch.relu_(t)`, `t += y` on a tensor) is that tensor: every node after it that
@@ -89,6 +91,8 @@ def functionalize(gm: fx.GraphModule, values: dict, modules: dict) -> tuple[fx.G
         t = m.args[0]
         if not (t in fresh or _fresh(t, modules)) or not _keeps_dtype(m, t, values):
             continue
+        if _is_copy(m) and not _copies_its_like(m, t, values):
+            continue  # (aten.copy has no derivative: only a copy from_fx lowers to its source goes)
         if any(order[u] < order[m] and not (u in fresh or _fresh(u, modules) or _name(u.target) in _SIZES)
                for u in t.users if u is not m):
             continue  # a view (or what may be one) of t read after the write would see it
@@ -164,6 +168,20 @@ def _is_copy(n: fx.Node) -> bool:
 
 def _copy_source(n: fx.Node):
     return n.args[1] if len(n.args) > 1 else n.kwargs["src"]
+
+
+def _copies_its_like(m: fx.Node, t: fx.Node, values: dict) -> bool:
+    """Is `t.copy_(src)`'s source a tensor of t's shape and device (dtype: _keeps_dtype), so that
+    from_fx lowers aten.copy(t, src) to src? Another copy (a broadcast, a conversion) kept as
+    aten.copy could not be trained: autograd has no derivative for it."""
+    src, vt = _copy_source(m), values.get(t)
+    vs = values.get(src) if isinstance(src, fx.Node) else None
+    if not (_tensor_like(vs) and _tensor_like(vt)):
+        return False
+    try:
+        return tuple(vs.shape) == tuple(vt.shape) and vs.device == vt.device
+    except Exception:  # noqa: BLE001 (symbolic sizes that cannot be compared: leave the write)
+        return False
 
 
 def _aten_out_of_place(target):

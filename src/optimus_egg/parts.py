@@ -22,9 +22,9 @@ its result is split back by part: each stretch's nodes go where the stretch was,
 into a new body module.
 
 Writes. A part sees no write another part makes, so each value of the graph that may alias a
-tensor written anywhere in it is marked (`from_fx.WRITTEN`) and ordered in its part as the
-nodes touching a write are; a checkpointed body's results are marked too where a write after
-its call may reach them.
+tensor a write in another part reaches is marked (`from_fx.WRITTEN`) and ordered in its part
+as the nodes touching a write are; a checkpointed body's results are marked too where a write
+after its call may reach them.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from torch import fx
 from optimus_egg.extract.launch_cost import VIEW_TARGETS
 from optimus_egg.from_fx import (GLOBAL_STATE, GRAD_REACH, PART, WRITTEN, _grad_reach, _name, is_mutation,
                                  written_aliases)
-from optimus_egg.shapes import _fetch, _meta_value
+from optimus_egg.shapes import _fetch, _meta_value, _run
 
 MIN_NODES = 2  # a stretch with fewer call nodes has nothing to batch or cancel
 
@@ -271,10 +271,11 @@ def _may_need_grad(n: fx.Node) -> bool:
 
 
 def trains_a_shared_body(gm: fx.GraphModule) -> bool:
-    """Does `gm` call a shared body (SHARED_OPS) whose results may need a gradient? In training
-    optimize() leaves such a graph as it is: rewritten around or inside such bodies, torch 2.13
-    trained random programs to wrong gradients in ways not all understood (bench/HISTORY.md;
-    body_outputs.py fixes one, the kernel order's precaution another may have been)."""
+    """Does `gm` call a shared body (SHARED_OPS) whose results may need a gradient? Such a body
+    stays as it is (Plan: rewritten inside, torch 2.13 trained random programs to wrong
+    gradients; bench/HISTORY.md). The graph around its calls is rewritten only where Inductor
+    compiles it without buffer reuse (optimize's buffer_reuse=False, which the backend passes,
+    compiling with baselines.SHARED_BODY_TRAINING); else optimize() leaves the graph as it is."""
     return any(n.op == "call_function" and _name(n.target) in SHARED_OPS and _may_need_grad(n)
                for n in gm.graph.nodes)
 
@@ -440,16 +441,12 @@ class Plan:
         # of a batched branch (pieces of one concatenated weight's) is views of one tensor, which
         # it rejects (so does plain torch.compile on such a branch). A branch whose results need
         # a gradient (or may: no meta value) stays as it is. So does a shared body whose calls'
-        # results need a gradient (trains_a_shared_body, which keeps the whole graph in
-        # training; this covers a graph optimized with training=False that is trained anyway).
+        # results need a gradient (trains_a_shared_body; this also covers a graph optimized with
+        # training=False that is trained anyway).
         self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in FRESH_OUTPUT_OPS
                                                     and any(c in reach for c in p.calls) and not p.grad_off
                                                     and any(_may_need_grad(c) for c in p.calls))]
-        # A part sees no write another part makes: each value of gm that may alias a tensor
-        # written anywhere in gm is marked, and ordered in its part as if written there (a
-        # split and a stack around a piece written later must not cancel into a view of the input).
-        modules = dict(gm.named_modules())
-        written = written_aliases(gm.graph, modules, [n for n in gm.graph.nodes if is_mutation(n, modules)])
+        written, any_written = self._written()
         g = fx.Graph()
         env: dict[tuple[int, fx.Node], fx.Node] = {}
         self.leaf_of: list[tuple[int, fx.Node]] = []  # per placeholder of `combined`
@@ -464,7 +461,7 @@ class Plan:
             # into an operand a rewrite could make a result a view of); cond and shared bodies
             # return fresh copies anyway (_unaliased)
             results_written = p.body is not None and _name(p.calls[0].target) not in FRESH_OUTPUT_OPS and any(
-                c in written or any(a in written for a in c.all_input_nodes) for c in p.calls)
+                c in any_written or any(a in any_written for a in c.all_input_nodes) for c in p.calls)
             for n in p.nodes:
                 env[i, n] = g.node_copy(n, lambda a, i=i: env[i, a])
                 env[i, n].meta.update({PART: i, GRAD_REACH: n in reach,
@@ -476,6 +473,25 @@ class Plan:
         for ph, v in zip((n for n in g.nodes if n.op == "placeholder"), self.values):
             if _meta_value(ph) is None and not isinstance(v, torch.Tensor):
                 ph.meta["val"] = v  # (a body module read by get_attr): every node has its value in meta
+
+    def _written(self) -> tuple[set[fx.Node], set[fx.Node]]:
+        """The nodes of gm that may alias a tensor a write reaches from another part, and those
+        that may alias a written tensor at all. For each write, the tensors it may alias
+        (from_fx.written_aliases) lie in one stretch, or in several or also outside the
+        stretches (graph inputs, bodies' calls): only then are they marked and ordered in their
+        parts as if written there (a part sees no write another part makes: a split and a stack
+        around a piece written later must not cancel into a view of the input). A write whose
+        aliases all lie in its own stretch is that part's to handle (functional.py, from_fx)."""
+        modules = dict(self.gm.named_modules())
+        stretch_of = {n: i for i, p in enumerate(self.parts) if p.body is None for n in p.nodes}
+        across: set[fx.Node] = set()
+        written: set[fx.Node] = set()
+        for m in (n for n in self.gm.graph.nodes if is_mutation(n, modules)):
+            group = written_aliases(self.gm.graph, modules, [m])
+            written |= group
+            if len({stretch_of.get(n) for n in group}) > 1:
+                across |= group
+        return across, written
 
     def _grad_reach(self, off: set[fx.Node]) -> set[fx.Node]:
         """The nodes of gm and of its bodies a gradient of gm's outputs reaches (from_fx's
@@ -668,14 +684,9 @@ def _fake_values(gm: fx.GraphModule, example_inputs: list, mode=None) -> dict[fx
 
     values: dict[fx.Node, object] = {}
 
-    class Recording(fx.Interpreter):
-        """(FakeTensorProp would write each value into the node's meta, the bodies' nodes
-        included, where AOT autograd reads them when it traces the graph next: a shared body's
-        calls then trained to "outs_to_grad length (1) != tangents length (0)".)"""
-
-        def run_node(self, n):
-            values[n] = super().run_node(n)
-            return values[n]
+    def record(n: fx.Node, v):
+        values[n] = v
+        return v
 
     if mode is None:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -683,7 +694,7 @@ def _fake_values(gm: fx.GraphModule, example_inputs: list, mode=None) -> dict[fx
     grad = torch.is_grad_enabled()
     try:  # the graph's own state changes run for real: leave the state as it was
         with mode, enable_python_dispatcher():  # (as AOT autograd traces: symbolic sizes need it)
-            Recording(gm).run(*example_inputs)
+            _run(gm, example_inputs, record)  # (FakeTensorProp would write meta: shapes.propagate_shapes)
     finally:
         torch.set_grad_enabled(grad)
     return values

@@ -227,7 +227,8 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 
 def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, strict: bool = False,
              disable: tuple[str, ...] | list[str] = (), limits: Limits | None = None,
-             verify: bool = False, gemm_loops: bool = False, training: bool | None = None) -> fx.GraphModule:
+             verify: bool = False, gemm_loops: bool = False, training: bool | None = None,
+             buffer_reuse: bool = True) -> fx.GraphModule:
     """Rewrite `gm` to launch fewer kernels; returns a new GraphModule with the same values.
 
     budget_s bounds the saturation search (0: no search, an equivalent graph comes back, its
@@ -242,12 +243,19 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     with its neighbours, so the search leaves it unbatched. Prices only; values never change.
     training: price for a compile with a backward (launch_cost.TRAINING_SCALAR_GEMM); default
     (None) as AOT autograd decides: grad mode on and an input or parameter requiring grad.
+    buffer_reuse: whether the result is compiled with Inductor's buffer reuse (its default). In
+    training, a graph calling a `nested_compile_region` body whose results need a gradient is
+    left as it is unless False: torch 2.13's Inductor trained such graphs rewritten around the
+    calls to wrong gradients with the reuse on (baselines.SHARED_BODY_TRAINING; the backend
+    compiles such graphs without it and passes False).
     """
     _check_args(gm, example_inputs, budget_s, disable)
     if not isinstance(gemm_loops, bool):
         raise TypeError(f"optimize: gemm_loops must be a bool, got {type(gemm_loops).__name__}")
     if training is not None and not isinstance(training, bool):
         raise TypeError(f"optimize: training must be a bool or None, got {type(training).__name__}")
+    if not isinstance(buffer_reuse, bool):
+        raise TypeError(f"optimize: buffer_reuse must be a bool, got {type(buffer_reuse).__name__}")
     inputs = check_inputs(gm, example_inputs)
     if training is None:
         training = torch.is_grad_enabled() and any(
@@ -256,7 +264,8 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     start = time.perf_counter()
     try:
         with worker.frozen_heap():
-            result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report, gemm_loops, training)
+            result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report, gemm_loops, training,
+                               buffer_reuse)
         if verify and result is not gm and not _same_values(gm, result, inputs):
             raise RuntimeError("verify: the optimized graph's values differ from the input graph's")
     except ValueError:
@@ -283,15 +292,17 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
 FIRST_ITERATION_S_PER_NODE = 2e-5
 
 
-def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, training=False) -> fx.GraphModule:
-    if training and budget_s > 0 and parts.trains_a_shared_body(gm):
-        report.kept_input = "in training, a graph calling a nested_compile_region body a gradient reaches stays as it is"
+def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, training=False,
+              buffer_reuse=True) -> fx.GraphModule:
+    if training and budget_s > 0 and buffer_reuse and parts.trains_a_shared_body(gm):
+        report.kept_input = ("in training, a graph calling a nested_compile_region body a gradient reaches stays as "
+                             "it is where it is compiled with Inductor's buffer reuse (optimize's buffer_reuse)")
         return gm
     if budget_s > 0 and parts.writes_a_body_input(gm):
         report.kept_input = "a graph calling a body that writes into its inputs stays as it is"
         return gm
     if parts.has_state_changes(gm) or (budget_s > 0 and parts.bodies(gm)):
-        return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training)
+        return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training, buffer_reuse)
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
         report.stop_reason = "budget"  # cost_before stays NaN: the input was not priced
         return gm
@@ -444,12 +455,13 @@ def _reached_leaves(gm: fx.GraphModule, inputs, reach: set[fx.Node] | None = Non
     return ins, {n.target for n in reach if n.op in ("get_attr", "call_module")}
 
 
-def _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training) -> fx.GraphModule:
+def _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training, buffer_reuse) -> fx.GraphModule:
     """A graph with stretches between grad-mode / autocast changes or checkpointed bodies: its
     parts side by side in one graph, optimized once (parts.py)."""
     def one(combined: fx.GraphModule, example_values: list) -> fx.GraphModule:
         try:
-            return _optimize(combined, example_values, budget_s, disable, limits, report, gemm_loops, training)
+            return _optimize(combined, example_values, budget_s, disable, limits, report, gemm_loops, training,
+                             buffer_reuse)
         except ValueError as e:  # the parts' example values come from meta, not the caller
             raise RuntimeError(f"the graph's parts (parts.py): {e}") from e
 

@@ -207,19 +207,16 @@ def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool) -> dict[fx
     try:
         if mutates:
             from torch._subclasses.fake_tensor import FakeTensorMode
-            from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
             mode = FakeTensorMode(allow_non_fake_inputs=True)
             fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-            class _Fake(FakeTensorProp):
-                def run_node(self, n):
-                    return keep(n, super().run_node(n))
-
             # no_grad as in the real run: with parameters requiring grad, autograd rejects an
             # in-place write into a split piece, which inference (under no_grad) does run.
+            # (`_run`, not FakeTensorProp, which writes each value into the node's meta `val`,
+            # a body's nodes included: AOT autograd reads those back, and refused to train a
+            # shared body's calls, "outs_to_grad length (3) != tangents length (0)".)
             with mode, torch.no_grad():
-                _Fake(gm, mode).propagate_dont_convert_inputs(*fakes)
+                _run(gm, fakes, keep)
         else:
             threads = torch.get_num_threads()
             torch.set_num_threads(1)  # tiny ops: a contended thread pool made this 100x slower
