@@ -21,8 +21,8 @@ puts in every group key and shared template. That graph is optimized once, on th
 its result is split back by part: each stretch's nodes go where the stretch was, each body's
 into a new body module.
 
-Writes. A part sees no write another part makes, so each value of the graph that may alias a
-tensor a write in another part reaches is marked (`from_fx.WRITTEN`) and ordered in its part
+Writes. A part sees no write another part makes, so each value of a part that may alias a
+tensor a write outside the part reaches is marked (`from_fx.WRITTEN`) and ordered in its part
 as the nodes touching a write are; a checkpointed body's results are marked too where a write
 after its call may reach them.
 """
@@ -446,14 +446,18 @@ class Plan:
         self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in FRESH_OUTPUT_OPS
                                                     and any(c in reach for c in p.calls) and not p.grad_off
                                                     and any(_may_need_grad(c) for c in p.calls))]
-        written, any_written = self._written()
+        writers, any_written = self._written()
+
+        def written(n: fx.Node, i: int) -> bool:  # (by a write outside part i)
+            return bool(writers.get(n, set()) - {i})
+
         g = fx.Graph()
         env: dict[tuple[int, fx.Node], fx.Node] = {}
         self.leaf_of: list[tuple[int, fx.Node]] = []  # per placeholder of `combined`
         for i, p in enumerate(self.parts):
             for leaf in p.leaves:
                 ph = env[i, leaf] = g.placeholder(f"part{i}_{leaf.name}")
-                ph.meta = {**leaf.meta, PART: i, GRAD_REACH: leaf in reach, WRITTEN: leaf in written}
+                ph.meta = {**leaf.meta, PART: i, GRAD_REACH: leaf in reach, WRITTEN: written(leaf, i)}
                 self.leaf_of.append((i, leaf))
         outs = []
         for i, p in enumerate(self.parts):
@@ -465,7 +469,7 @@ class Plan:
             for n in p.nodes:
                 env[i, n] = g.node_copy(n, lambda a, i=i: env[i, a])
                 env[i, n].meta.update({PART: i, GRAD_REACH: n in reach,
-                                       WRITTEN: n in written or (results_written and n in p.outputs)})
+                                       WRITTEN: written(n, i) or (results_written and n in p.outputs)})
             outs += [env[i, n] for n in p.outputs]
         g.output(tuple(outs))
         self.combined = fx.GraphModule(gm, g, class_name=type(gm).__name__)
@@ -474,24 +478,20 @@ class Plan:
             if _meta_value(ph) is None and not isinstance(v, torch.Tensor):
                 ph.meta["val"] = v  # (a body module read by get_attr): every node has its value in meta
 
-    def _written(self) -> tuple[set[fx.Node], set[fx.Node]]:
-        """The nodes of gm that may alias a tensor a write reaches from another part, and those
-        that may alias a written tensor at all. For each write, the tensors it may alias
-        (from_fx.written_aliases) lie in one stretch, or in several or also outside the
-        stretches (graph inputs, bodies' calls): only then are they marked and ordered in their
-        parts as if written there (a part sees no write another part makes: a split and a stack
-        around a piece written later must not cancel into a view of the input). A write whose
-        aliases all lie in its own stretch is that part's to handle (functional.py, from_fx)."""
+    def _written(self) -> tuple[dict[fx.Node, set], set[fx.Node]]:
+        """For each node of gm that may alias a written tensor (from_fx.written_aliases), the
+        stretches its writes lie in (None: outside every stretch); and all those nodes. A part
+        sees no write another part makes, so a value that a write in another part may reach is
+        marked there and ordered as if written there (a split and a stack around a piece written
+        later must not cancel into a view of the input); a write's own stretch handles its
+        aliases itself (functional.py, from_fx)."""
         modules = dict(self.gm.named_modules())
         stretch_of = {n: i for i, p in enumerate(self.parts) if p.body is None for n in p.nodes}
-        across: set[fx.Node] = set()
-        written: set[fx.Node] = set()
+        writers: dict[fx.Node, set] = defaultdict(set)
         for m in (n for n in self.gm.graph.nodes if is_mutation(n, modules)):
-            group = written_aliases(self.gm.graph, modules, [m])
-            written |= group
-            if len({stretch_of.get(n) for n in group}) > 1:
-                across |= group
-        return across, written
+            for n in written_aliases(self.gm.graph, modules, [m]):
+                writers[n].add(stretch_of.get(m))
+        return writers, set(writers)
 
     def _grad_reach(self, off: set[fx.Node]) -> set[fx.Node]:
         """The nodes of gm and of its bodies a gradient of gm's outputs reaches (from_fx's
