@@ -1009,7 +1009,7 @@ def test_random_program_trains_through_the_backend(prog):
     "dtype": torch.float64, "seed": 3070}, dynamic=True)
 # A piece of a stack in an autocast block, written in place after it: the block's stack and
 # unbind cancelled into views of the input, into which the write then went (parts.Plan now marks
-# every value that may alias a written tensor, and its part orders it as a write's).
+# every value a write in another part may reach, and its part orders it as a write's).
 @example(prog={"n": 4, "d": 4, "b": 4, "steps": (
     ("inplace", "clone_mul", 3), ("squeeze_split", 1, 1, 2), ("attend", 0, "matmul", "chain", [1, 3]),
     ("inplace", "direct_copy", 0), ("squeeze_split", 2, 1, 0), ("linear", "shared_fn", False, [0, 2]),
