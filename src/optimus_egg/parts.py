@@ -446,7 +446,7 @@ class Plan:
         self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in FRESH_OUTPUT_OPS
                                                     and any(c in reach for c in p.calls) and not p.grad_off
                                                     and any(_may_need_grad(c) for c in p.calls))]
-        writers, any_written = self._written()
+        writers = self._writers()
 
         def written(n: fx.Node, i: int) -> bool:  # (by a write outside part i)
             return bool(writers.get(n, set()) - {i})
@@ -465,7 +465,7 @@ class Plan:
             # into an operand a rewrite could make a result a view of); cond and shared bodies
             # return fresh copies anyway (_unaliased)
             results_written = p.body is not None and _name(p.calls[0].target) not in FRESH_OUTPUT_OPS and any(
-                c in any_written or any(a in any_written for a in c.all_input_nodes) for c in p.calls)
+                c in writers or any(a in writers for a in c.all_input_nodes) for c in p.calls)
             for n in p.nodes:
                 env[i, n] = g.node_copy(n, lambda a, i=i: env[i, a])
                 env[i, n].meta.update({PART: i, GRAD_REACH: n in reach,
@@ -478,9 +478,9 @@ class Plan:
             if _meta_value(ph) is None and not isinstance(v, torch.Tensor):
                 ph.meta["val"] = v  # (a body module read by get_attr): every node has its value in meta
 
-    def _written(self) -> tuple[dict[fx.Node, set], set[fx.Node]]:
+    def _writers(self) -> dict[fx.Node, set]:
         """For each node of gm that may alias a written tensor (from_fx.written_aliases), the
-        stretches its writes lie in (None: outside every stretch); and all those nodes. A part
+        stretches its writes lie in (None: outside every stretch). A part
         sees no write another part makes, so a value that a write in another part may reach is
         marked there and ordered as if written there (a split and a stack around a piece written
         later must not cancel into a view of the input); a write's own stretch handles its
@@ -491,7 +491,7 @@ class Plan:
         for m in (n for n in self.gm.graph.nodes if is_mutation(n, modules)):
             for n in written_aliases(self.gm.graph, modules, [m]):
                 writers[n].add(stretch_of.get(m))
-        return writers, set(writers)
+        return writers
 
     def _grad_reach(self, off: set[fx.Node]) -> set[fx.Node]:
         """The nodes of gm and of its bodies a gradient of gm's outputs reaches (from_fx's
