@@ -271,11 +271,11 @@ def _may_need_grad(n: fx.Node) -> bool:
 
 
 def trains_a_shared_body(gm: fx.GraphModule) -> bool:
-    """Does `gm` call a shared body (SHARED_OPS) whose results may need a gradient? Such a graph,
-    the body included (Plan's `trained_shared_bodies`), is rewritten only where Inductor
+    """Does `gm` call a shared body (SHARED_OPS) whose results may need a gradient? Such a body
+    stays as it is (Plan: rewritten inside, torch 2.13 trained random programs to wrong
+    gradients; bench/HISTORY.md). The graph around its calls is rewritten only where Inductor
     compiles it without buffer reuse (optimize's buffer_reuse=False, which the backend passes,
-    compiling with baselines.SHARED_BODY_TRAINING): with the reuse, torch 2.13 trained random
-    programs so rewritten to wrong gradients (bench/HISTORY.md). Else optimize() leaves it."""
+    compiling with baselines.SHARED_BODY_TRAINING); else optimize() leaves the graph as it is."""
     return any(n.op == "call_function" and _name(n.target) in SHARED_OPS and _may_need_grad(n)
                for n in gm.graph.nodes)
 
@@ -426,7 +426,7 @@ class Plan:
     """The parts of `gm` side by side in one graph (`combined`, with `values` its example inputs);
     `rebuild` puts an optimized `combined` back."""
 
-    def __init__(self, gm: fx.GraphModule, example_inputs: list, trained_shared_bodies: bool = False):
+    def __init__(self, gm: fx.GraphModule, example_inputs: list):
         self.gm, self.example_inputs = gm, example_inputs
         self.parts = ([_stretch(r) for r in stretches(gm) if len(r) >= MIN_NODES]  # (one run if no state changes)
                       + [_body(gm, name, calls) for name, calls in bodies(gm).items()])
@@ -442,10 +442,8 @@ class Plan:
         # it rejects (so does plain torch.compile on such a branch). A branch whose results need
         # a gradient (or may: no meta value) stays as it is. So does a shared body whose calls'
         # results need a gradient (trains_a_shared_body; this also covers a graph optimized with
-        # training=False that is trained anyway), unless `trained_shared_bodies` (the graph is
-        # compiled without Inductor's buffer reuse: optimize's buffer_reuse=False).
-        kept = UNALIASED_OPS if trained_shared_bodies else FRESH_OUTPUT_OPS
-        self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in kept
+        # training=False that is trained anyway).
+        self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in FRESH_OUTPUT_OPS
                                                     and any(c in reach for c in p.calls) and not p.grad_off
                                                     and any(_may_need_grad(c) for c in p.calls))]
         writers = self._writers()
@@ -703,11 +701,10 @@ def _fake_values(gm: fx.GraphModule, example_inputs: list, mode=None) -> dict[fx
 
 
 def optimize_parts(gm: fx.GraphModule, example_inputs: list,
-                   optimize_one: Callable[[fx.GraphModule, list], fx.GraphModule],
-                   trained_shared_bodies: bool = False) -> tuple[fx.GraphModule, int]:
+                   optimize_one: Callable[[fx.GraphModule, list], fx.GraphModule]) -> tuple[fx.GraphModule, int]:
     """`gm` with its parts optimized together by `optimize_one(combined graph, example values)`,
-    and the number of parts. `trained_shared_bodies`: Plan's."""
-    plan = Plan(gm, example_inputs, trained_shared_bodies)
+    and the number of parts."""
+    plan = Plan(gm, example_inputs)
     if not plan.parts:
         return gm, 0
     out = optimize_one(plan.combined, plan.values)
