@@ -119,12 +119,12 @@ def test_the_pass_copies_the_pieces_a_post_grad_batch_fusion_returns():
 
 
 @pytest.mark.parametrize("switches", [True, False], ids=["defaults", "every_switch_off"])
-def test_a_shared_body_is_left_as_it_is_in_training(switches):
-    """In training a shared body a gradient reaches stays as it is (rewritten inside, random
-    programs trained to wrong gradients), and optimize() alone leaves the whole graph calling
-    it as it is (parts.trains_a_shared_body; the backend rewrites around the calls, compiling
-    without buffer reuse): whatever the backend's switches, the step's output and gradients
-    equal eager's. In inference it batches the body's three layer norms (batch_layernorm)."""
+def test_a_shared_body_with_batched_layer_norms_trains_as_eagerly(switches):
+    """The backend batches the shared body's three layer norms (batch_layernorm) in training
+    too, compiling without buffer reuse (optimize's buffer_reuse=False, as it calls it): the
+    backward body returns the weights' gradients as pieces of one buffer, which this pass
+    copies; whatever the backend's switches, the step's output and gradients equal eager's.
+    optimize() alone (buffer reuse on) leaves the graph as it is (parts.trains_a_shared_body)."""
     torch.manual_seed(0)
     model, x = Norms(stacked=False), torch.randn(4, 24)
     expected = trained(model, x, None)
@@ -132,11 +132,16 @@ def test_a_shared_body_is_left_as_it_is_in_training(switches):
     off = {} if switches else dict(post_grad=False, kernel_order=False, gemm_loops=False, mask_stores=False)
     real = optimus_egg.backend(budget_s=1.0, strict=True, **off)
 
-    def backend(gm, example_inputs):
-        reports.append(optimus_egg.optimize(gm, list(example_inputs), 1.0, strict=True).meta["optimus_egg"])
+    def backend(gm, example_inputs, buffer_reuse=False):
+        out = optimus_egg.optimize(gm, list(example_inputs), 1.0, strict=True, buffer_reuse=buffer_reuse)
+        reports.append(out.meta["optimus_egg"])
         return real(gm, example_inputs)
 
     assert_same(trained(model, x, backend), expected)
+    (report,) = reports
+    assert report.changed and report.matches["batch-layernorm"] > 0, report
+    reports.clear()
+    assert_same(trained(model, x, lambda gm, ex: backend(gm, ex, buffer_reuse=True)), expected)
     (report,) = reports
     assert not report.changed and "nested_compile_region" in report.kept_input, report
     reports.clear()

@@ -32,7 +32,8 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug), and a training
     graph calling a `nested_compile_region` body whose results need a gradient without any
     buffer reuse (`baselines.SHARED_BODY_TRAINING`, and without the mask stores, which do not
-    compile so), which lets optimize rewrite around the calls (its `buffer_reuse=False`). `inductor`:
+    compile so), which lets optimize rewrite such a graph, the body included (its
+    `buffer_reuse=False`). `inductor`:
     Inductor config options (``{"max_autotune": True}``), applied over optimus_egg's. Other
     options (OPTIMIZE_OPTIONS: strict, disable, limits, verify) go to `optimize`; any other
     name is a TypeError.

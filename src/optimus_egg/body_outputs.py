@@ -6,8 +6,8 @@ view of one of its own buffers at an offset to wrong values: plain torch.compile
 body that stacks its layer norms' weights (`y * stack(ws)`) trains to wrong weight gradients,
 as each weight's gradient is a piece of one buffer the backward body returns. optimus_egg's
 rewrites made such bodies (batch_layernorm inside a shared body), which is why optimize() now
-leaves a trained shared body as it is (parts.Plan; the graph around its calls only where it is
-compiled without buffer reuse: parts.trains_a_shared_body) and copies
+rewrites a graph calling a trained shared body only where it is compiled without buffer reuse
+(parts.trains_a_shared_body) and copies
 a rewritten body's forward results itself (parts.py); the backward bodies exist only inside
 Inductor, and a body written that way by hand trains right with this pass (tests/test_body_outputs.py).
 This pass, run on each graph Inductor compiles, replaces each view that a body graph

@@ -96,6 +96,28 @@ def _unaliased(graph: fx.Graph, returned):
 _NOOP_COPIES = {"clone", "contiguous", "detach", "alias"}
 
 
+def _returned_nodes(body: fx.GraphModule) -> list:
+    """What a body returns, one entry per result (a node, or a constant)."""
+    returned = next(n for n in body.graph.nodes if n.op == "output").args[0]
+    return list(returned) if isinstance(returned, (tuple, list)) else [returned]
+
+
+def _results_needing_grad(body: fx.GraphModule) -> list[bool] | None:
+    """Which results of a shared body require grad, the body run on its placeholders' example
+    values (Dynamo's fake tensors, requiring grad as at the first call); None if they are not
+    known. AOT autograd trains an invoke_subgraph call only if this is what the body's original
+    results' example values say (their count of tangents): a rewrite must not change it."""
+    values = [n.meta.get("example_value") for n in body.graph.nodes if n.op == "placeholder"]
+    modes = {id(m): m for m in (getattr(v, "fake_mode", None) for v in values if isinstance(v, torch.Tensor))}
+    mode = next(iter(modes.values())) if len(modes) == 1 else None
+    if mode is None or not all(isinstance(v, (torch.Tensor, int, float, bool, torch.SymInt)) for v in values):
+        return None
+    with mode, torch.enable_grad():
+        out = fx.Interpreter(body).run(*values)
+    out = list(out) if isinstance(out, (tuple, list)) else [out]
+    return [isinstance(o, torch.Tensor) and o.requires_grad for o in out]
+
+
 def _uncloned(a: fx.Node) -> fx.Node:
     """`a` with any chain of clone-like ops (_NOOP_COPIES) on it stripped."""
     while (a.op in ("call_function", "call_method") and _name(a.target) in _NOOP_COPIES
@@ -243,6 +265,36 @@ def _consistent_shared_operands(gm: fx.GraphModule, example_inputs: list) -> Non
     gm.recompile()
 
 
+def _operands_needing_grad_as_traced(gm: fx.GraphModule, example_inputs: list) -> None:
+    """Each trained shared body's calls given no operand needing a gradient where the body's
+    placeholder (its example value) needed none: AOT autograd counts a call's tangents by the
+    body's results' example values and traces its backward with the operands it is given, and
+    a batch may have mixed such an operand with one that needs a gradient ("outs_to_grad length
+    (2) != tangents length (1)"). Such an operand is detached, which changes no value or
+    gradient. (One that needs none where the body's needed one is fine: the backward is traced
+    with it and its tangents counted alike.)"""
+    traced = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and _name(n.target) in SHARED_OPS and isinstance(n.args[0], fx.Node):
+            body = getattr(gm, n.args[0].target)
+            wants = [getattr(p.meta.get("example_value"), "requires_grad", None)
+                     for p in body.graph.find_nodes(op="placeholder")]
+            if any(getattr(r.meta.get("example_value"), "requires_grad", False)
+                   for r in _returned_nodes(body) if isinstance(r, fx.Node)) and False in wants:
+                traced[n] = wants
+    if not traced:
+        return
+    with torch.enable_grad():
+        values = _graph_fake_values(gm, example_inputs)
+    for call, wants in traced.items():
+        operands, put = _operands(call)
+        for k, (a, want) in enumerate(zip(operands, wants)):
+            if want is False and isinstance(a, fx.Node) and (values is None or getattr(values.get(a), "requires_grad", True)):
+                with gm.graph.inserting_before(call):
+                    operands[k] = gm.graph.call_method("detach", (a,))
+        put(operands)
+
+
 def _graph_fake_values(gm: fx.GraphModule, example_inputs: list) -> dict[fx.Node, object] | None:
     """Every node's fake value, propagated from the placeholders' own (their symbolic sizes,
     Dynamo's fake mode) where every placeholder has one of one mode, else from
@@ -271,11 +323,11 @@ def _may_need_grad(n: fx.Node) -> bool:
 
 
 def trains_a_shared_body(gm: fx.GraphModule) -> bool:
-    """Does `gm` call a shared body (SHARED_OPS) whose results may need a gradient? Such a body
-    stays as it is (Plan: rewritten inside, torch 2.13 trained random programs to wrong
-    gradients; bench/HISTORY.md). The graph around its calls is rewritten only where Inductor
+    """Does `gm` call a shared body (SHARED_OPS) whose results may need a gradient? Such a graph,
+    the body included (Plan's `trained_shared_bodies`), is rewritten only where Inductor
     compiles it without buffer reuse (optimize's buffer_reuse=False, which the backend passes,
-    compiling with baselines.SHARED_BODY_TRAINING); else optimize() leaves the graph as it is."""
+    compiling with baselines.SHARED_BODY_TRAINING): with the reuse, torch 2.13 trained random
+    programs so rewritten to wrong gradients (bench/HISTORY.md). Else optimize() leaves it."""
     return any(n.op == "call_function" and _name(n.target) in SHARED_OPS and _may_need_grad(n)
                for n in gm.graph.nodes)
 
@@ -426,7 +478,7 @@ class Plan:
     """The parts of `gm` side by side in one graph (`combined`, with `values` its example inputs);
     `rebuild` puts an optimized `combined` back."""
 
-    def __init__(self, gm: fx.GraphModule, example_inputs: list):
+    def __init__(self, gm: fx.GraphModule, example_inputs: list, trained_shared_bodies: bool = False):
         self.gm, self.example_inputs = gm, example_inputs
         self.parts = ([_stretch(r) for r in stretches(gm) if len(r) >= MIN_NODES]  # (one run if no state changes)
                       + [_body(gm, name, calls) for name, calls in bodies(gm).items()])
@@ -442,8 +494,10 @@ class Plan:
         # it rejects (so does plain torch.compile on such a branch). A branch whose results need
         # a gradient (or may: no meta value) stays as it is. So does a shared body whose calls'
         # results need a gradient (trains_a_shared_body; this also covers a graph optimized with
-        # training=False that is trained anyway).
-        self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in FRESH_OUTPUT_OPS
+        # training=False that is trained anyway), unless `trained_shared_bodies` (the graph is
+        # compiled without Inductor's buffer reuse: optimize's buffer_reuse=False).
+        kept = UNALIASED_OPS if trained_shared_bodies else FRESH_OUTPUT_OPS
+        self.parts = [p for p in self.parts if not (p.body and _name(p.calls[0].target) in kept
                                                     and any(c in reach for c in p.calls) and not p.grad_off
                                                     and any(_may_need_grad(c) for c in p.calls))]
         writers = self._writers()
@@ -517,9 +571,7 @@ class Plan:
                     continue
                 walked[call] = outs
                 body = getattr(self.gm, p.body)
-                returned = next(n for n in body.graph.nodes if n.op == "output").args[0]
-                returned = list(returned) if isinstance(returned, (tuple, list)) else [returned]
-                starts = [a for k, a in enumerate(returned) if isinstance(a, fx.Node) and (outs is None or k in outs)]
+                starts = [a for k, a in enumerate(_returned_nodes(body)) if isinstance(a, fx.Node) and (outs is None or k in outs)]
                 inner = _grad_reach(body.graph, meta(body.graph), _grad_disabled(body), starts=starts)
                 reach |= inner
                 args = [a for ph, a in zip((n for n in body.graph.nodes if n.op == "placeholder"), body_inputs(call))
@@ -593,11 +645,21 @@ class Plan:
             returned = next(n for n in old.graph.nodes if n.op == "output").args[0]
             returned = fx.node.map_arg(returned, lambda a, i=i, own=own, lookup=lookup, bg=bg:
                                        own[a] if a in own else result(bg, i, a, lookup))
+            # A trained shared body's results that needed no gradient (their example values) still
+            # need none: AOT autograd counts a call's tangents by those values and traces its
+            # backward with the results that do; a batch may have mixed such a result with one
+            # that does, and it is then detached (which changes no value or gradient).
+            need = [isinstance(c, fx.Node) and getattr(c.meta.get("example_value"), "requires_grad", False)
+                    for c in _returned_nodes(old)]
+            if (_name(p.calls[0].target) in SHARED_OPS and not p.grad_off and any(need)
+                    and isinstance(returned, (tuple, list))):
+                got = _results_needing_grad(self._body_module(old, bg, returned)) or [True] * len(need)
+                returned = type(returned)(bg.call_method("detach", (r,)) if g and not w and isinstance(r, fx.Node) else r
+                                          for r, g, w in zip(returned, got, need))
             if _name(p.calls[0].target) in FRESH_OUTPUT_OPS:
                 returned = _unaliased(bg, returned)
-            bg.output(returned)
-            bg._codegen = copy.copy(old.graph._codegen)
-            new_bodies[p.body] = fx.GraphModule(old, bg, class_name=type(old).__name__)
+            new = self._body_module(old, bg, returned)
+            new_bodies[p.body] = new
 
         # The outer graph: each stretch's nodes where its first node was.
         from optimus_egg.to_fx import graph_module
@@ -624,8 +686,20 @@ class Plan:
         rebuilt = graph_module(self.gm, g, class_name=type(self.gm).__name__)
         for name, body in new_bodies.items():
             setattr(rebuilt, name, body)
+        _operands_needing_grad_as_traced(rebuilt, self.example_inputs)
         _consistent_shared_operands(rebuilt, self.example_inputs)
         return rebuilt
+
+    @staticmethod
+    def _body_module(old: fx.GraphModule, graph: fx.Graph, returned) -> fx.GraphModule:
+        """A body module like `old` running `graph` (a copy given the output `returned`)."""
+        g = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        for n in graph.nodes:
+            env[n] = g.node_copy(n, env.__getitem__)
+        g.output(fx.node.map_arg(returned, env.__getitem__))
+        g._codegen = copy.copy(old.graph._codegen)
+        return fx.GraphModule(old, g, class_name=type(old).__name__)
 
     def _parts_of(self, out: fx.GraphModule, leaf_of: dict) -> dict[fx.Node, int]:
         """The part of each computing node of `out`: its tag (from the node it came from), else
@@ -701,10 +775,11 @@ def _fake_values(gm: fx.GraphModule, example_inputs: list, mode=None) -> dict[fx
 
 
 def optimize_parts(gm: fx.GraphModule, example_inputs: list,
-                   optimize_one: Callable[[fx.GraphModule, list], fx.GraphModule]) -> tuple[fx.GraphModule, int]:
+                   optimize_one: Callable[[fx.GraphModule, list], fx.GraphModule],
+                   trained_shared_bodies: bool = False) -> tuple[fx.GraphModule, int]:
     """`gm` with its parts optimized together by `optimize_one(combined graph, example values)`,
-    and the number of parts."""
-    plan = Plan(gm, example_inputs)
+    and the number of parts. `trained_shared_bodies`: Plan's."""
+    plan = Plan(gm, example_inputs, trained_shared_bodies)
     if not plan.parts:
         return gm, 0
     out = optimize_one(plan.combined, plan.values)

@@ -245,9 +245,9 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     (None) as AOT autograd decides: grad mode on and an input or parameter requiring grad.
     buffer_reuse: whether the result is compiled with Inductor's buffer reuse (its default). In
     training, a graph calling a `nested_compile_region` body whose results need a gradient is
-    left as it is unless False: torch 2.13's Inductor trained such graphs rewritten around the
-    calls to wrong gradients with the reuse on (baselines.SHARED_BODY_TRAINING; the backend
-    compiles such graphs without it and passes False).
+    left as it is unless False (then the body is rewritten too): torch 2.13's Inductor trained
+    such graphs rewritten around the calls to wrong gradients with the reuse on
+    (baselines.SHARED_BODY_TRAINING; the backend compiles such graphs without it and passes False).
     """
     _check_args(gm, example_inputs, budget_s, disable)
     if not isinstance(gemm_loops, bool):
@@ -465,7 +465,7 @@ def _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training
         except ValueError as e:  # the parts' example values come from meta, not the caller
             raise RuntimeError(f"the graph's parts (parts.py): {e}") from e
 
-    out, report.parts = parts.optimize_parts(gm, inputs, one)
+    out, report.parts = parts.optimize_parts(gm, inputs, one, trained_shared_bodies=not buffer_reuse)
     return out
 
 
