@@ -1061,6 +1061,43 @@ def test_a_trained_shared_body_given_an_operand_cut_off_its_gradient_trains():
     assert not any(n.target is torch.stack for n in result.graph.nodes) and _detaches(result) == 0, result.code
 
 
+def test_optimizing_a_graph_calling_a_trained_shared_body_leaves_no_trace_in_dynamo():
+    """optimize() runs the graph on fake values; run inside Dynamo's tracing context, an
+    invoke_subgraph call kept its (candidate) body there by its identifier, and AOT autograd
+    then compiled that body for the graph Dynamo gave the backend: here, the rewritten body's
+    batched linears where the input graph has Region's four (28 launches instead of 50;
+    bench/regions.py --train counted 37 so instead of 12). The input graph compiles alike with
+    or without an optimize call before."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
+
+    from optimus_egg.measure import Launches, count_launches
+
+    def launches(first_optimize: bool) -> Launches:
+        torch.manual_seed(0)
+        model, x = Layers(), torch.randn(4, 8)
+        optimized = []
+
+        def backend(gm, example_inputs):
+            if first_optimize:
+                optimized.append(optimus_egg.optimize(gm, list(example_inputs), 2.0, strict=True, buffer_reuse=False))
+            return compile_fx(gm, example_inputs)
+
+        def step():
+            torch._dynamo.reset()
+            torch.compile(model, backend=backend)(x).sum().backward()
+
+        _, codes = run_and_get_code(step)
+        assert not first_optimize or optimized[0].meta["optimus_egg"].changed
+        return sum((count_launches(c) for c in codes), Launches())
+
+    from torch._inductor import config
+
+    with config.patch(force_disable_caches=True, fx_graph_cache=False):  # (no compile reused)
+        alone = launches(False)
+        assert launches(True) == alone
+
+
 def test_only_tensor_operands_that_are_views_are_copied():
     """parts._unaliased_operands on a hand-built cond call: two pieces of one unbind (views) and
     the tensor they view (an alias of them) are each passed as a row-major copy

@@ -367,7 +367,15 @@ def _pickles(v) -> bool:
 def _run(gm: fx.GraphModule, inputs: list, keep) -> None:
     """Run `gm` on `inputs` node by node, calling keep(node, value) for each: fx.Interpreter's
     semantics for plain placeholders, without its per-node bookkeeping (half the time on
-    big graphs). A value is dropped after its last use."""
+    big graphs). A value is dropped after its last use. It runs outside any tracing context:
+    inside Dynamo's, an invoke_subgraph call run with a value needing a gradient keeps its
+    body there by its identifier, and AOT autograd then compiles that body for every call of
+    the identifier, whatever graph it compiles (a candidate optimize() did not return)."""
+    with torch._guards.tracing(None):
+        _run_here(gm, inputs, keep)
+
+
+def _run_here(gm: fx.GraphModule, inputs: list, keep) -> None:
     if any(n.op == "placeholder" and n.target.startswith("*") for n in gm.graph.nodes):
         class _Keep(fx.Interpreter):  # varargs placeholders: the Interpreter's rules
             def run_node(self, n):

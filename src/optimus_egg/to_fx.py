@@ -568,7 +568,7 @@ def fill_meta(gm: fx.GraphModule, example_inputs, uses_example_value: bool) -> N
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:  # (example inputs may be another mode's fakes: a part of the graph, parts.py)
         fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-        with mode:
+        with mode, torch._guards.tracing(None):  # (see shapes._run)
             FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
     except Exception:  # meta is a courtesy for later passes; values never depend on it
         return
