@@ -456,6 +456,44 @@ def test_backend_trains_where_inductor_in_place_reuse_breaks_a_saved_view(make, 
     assert config.inplace_buffers  # patched for the backend's compiles only
 
 
+class TanhTwice(nn.Module):
+    """One tanh as a `nested_compile_region` body, called on a linear's output and again on
+    (`chained`) half the first call's result, or (else) on half the linear's output."""
+
+    def __init__(self, chained: bool):
+        super().__init__()
+        self.lin, self.chained = nn.Linear(8, 8), chained
+
+    @torch.compiler.nested_compile_region
+    def region(self, a):
+        return torch.tanh(a)
+
+    def forward(self, x):
+        if self.chained:
+            return self.region(self.region(self.lin(x)) * 0.5)
+        return self.region(self.lin(x)) + self.region(self.lin(x) * 0.5)
+
+
+@pytest.mark.parametrize("chained", [True, False], ids=["chained", "side_by_side"])
+def test_a_shared_body_called_twice_trains_as_eagerly(chained):
+    """Plain torch.compile (torch 2.13, CPU) trains both models to other weight gradients than
+    eager's, and so did the backend (the side-by-side one to a third gradient) until a graph
+    calling a trained shared body was compiled without Inductor's in-place buffers too
+    (baselines.SHARED_BODY_TRAINING)."""
+    torch.manual_seed(0)
+    m, x = TanhTwice(chained), torch.randn(4, 8)
+    ref = TanhTwice(chained)
+    ref.load_state_dict(m.state_dict())
+    torch._dynamo.reset()
+    out = torch.compile(m, backend=optimus_egg.backend(budget_s=1.0, strict=True))(x)
+    expected = ref(x)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(m.lin.weight.grad, ref.lin.weight.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.lin.bias.grad, ref.lin.bias.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_backward_patched_patches_the_backward_only():
     from torch._inductor import config
 

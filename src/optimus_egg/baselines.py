@@ -526,12 +526,16 @@ def inductor_with_optimus(
 EGG_BACKWARD: dict[str, Any] = {"inplace_buffers": False}
 # Inductor options the optimus_egg backend compiles a training graph with where it calls a
 # shared body (`nested_compile_region`'s invoke_subgraph) whose results need a gradient
-# (`parts.trains_a_shared_body`). With torch 2.13's buffer reuse in the forward, a random
-# program's graph rewritten around such calls trained to wrong gradients while its values were
-# right (a buffer reused while a saved tensor still needed it; aot_eager on the same graph, and
-# Inductor without the reuse, are right). Costs memory, not launches. (Inductor then writes
-# C++ that does not compile for the mask stores, `mask_stores.py`: the backend leaves them out.)
-SHARED_BODY_TRAINING: dict[str, Any] = {"allow_buffer_reuse": False}
+# (`parts.trains_a_shared_body`): neither buffer reuse nor in-place buffers, in the forward and
+# the backward. With torch 2.13's buffer reuse in the forward, a random program's graph
+# rewritten around such calls trained to wrong gradients while its values were right (a buffer
+# reused while a saved tensor still needed it; aot_eager on the same graph, and Inductor
+# without the reuse, are right). With its in-place buffers, plain torch.compile trains a body
+# as small as one tanh, called twice, to wrong weight gradients
+# (`tests/test_backend.py::test_a_shared_body_called_twice_trains_as_eagerly`). Costs memory,
+# not launches. (Inductor then writes C++ that does not compile for the mask stores,
+# `mask_stores.py`: the backend leaves them out.)
+SHARED_BODY_TRAINING: dict[str, Any] = {"allow_buffer_reuse": False, "inplace_buffers": False}
 
 
 def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None = None) -> Callable[..., Any]:
