@@ -105,8 +105,8 @@ def _returned_nodes(body: fx.GraphModule) -> list:
 def _results_needing_grad(body: fx.GraphModule) -> list[bool] | None:
     """Which results of a shared body require grad, the body run on its placeholders' example
     values (Dynamo's fake tensors, requiring grad as at the first call); None if they are not
-    known. AOT autograd trains an invoke_subgraph call only if this is what the body's original
-    results' example values say (their count of tangents): a rewrite must not change it."""
+    known. A result needing one where the original body's (its example value) needed none
+    breaks AOT autograd's count of a call's tangents (Plan.rebuild detaches it)."""
     values = [n.meta.get("example_value") for n in body.graph.nodes if n.op == "placeholder"]
     modes = {id(m): m for m in (getattr(v, "fake_mode", None) for v in values if isinstance(v, torch.Tensor))}
     mode = next(iter(modes.values())) if len(modes) == 1 else None
@@ -289,7 +289,7 @@ def _operands_needing_grad_as_traced(gm: fx.GraphModule, example_inputs: list) -
     for call, wants in traced.items():
         operands, put = _operands(call)
         for k, (a, want) in enumerate(zip(operands, wants)):
-            if want is False and isinstance(a, fx.Node) and (values is None or getattr(values.get(a), "requires_grad", True)):
+            if want is False and isinstance(a, fx.Node) and getattr((values or {}).get(a), "requires_grad", True):
                 with gm.graph.inserting_before(call):
                     operands[k] = gm.graph.call_method("detach", (a,))
         put(operands)
@@ -658,8 +658,7 @@ class Plan:
                                           for r, g, w in zip(returned, got, need))
             if _name(p.calls[0].target) in FRESH_OUTPUT_OPS:
                 returned = _unaliased(bg, returned)
-            new = self._body_module(old, bg, returned)
-            new_bodies[p.body] = new
+            new_bodies[p.body] = self._body_module(old, bg, returned)
 
         # The outer graph: each stretch's nodes where its first node was.
         from optimus_egg.to_fx import graph_module
