@@ -934,8 +934,7 @@ def test_a_body_layers_share_is_optimized_once(training):
 def test_a_shared_body_whose_calls_read_different_results_trains_as_plain_torch_compile():
     """The last layer's second result is unread. Eagerly the linears feeding only it get no
     gradient; through invoke_subgraph plain torch.compile gives them zeros (its backward runs
-    the whole body), and so does the backend, which optimizes the graph around the calls and
-    leaves the body a gradient reaches as it is."""
+    the whole body), and so does the backend, which optimizes the graph, the body included."""
     m, ref = twin(lambda: Layers(two=True))
     plain = Layers(two=True)
     plain.load_state_dict(m.state_dict())
