@@ -38,8 +38,9 @@ import torch
 from torch import fx
 
 from optimus_egg.extract.launch_cost import VIEW_TARGETS
-from optimus_egg.from_fx import (GLOBAL_STATE, GRAD_REACH, PART, WRITTEN, _grad_reach, _name, is_mutation,
-                                 written_aliases)
+from optimus_egg.from_fx import (GLOBAL_STATE, GRAD_REACH, PART, WRITTEN, _grad_reach, _name, _returns_input,
+                                 is_mutation, written_aliases)
+from optimus_egg.from_fx import _is_view as _aliases_its_input
 from optimus_egg.shapes import _fetch, _meta_value, _run
 
 MIN_NODES = 2  # a stretch with fewer call nodes has nothing to batch or cancel
@@ -356,8 +357,6 @@ def _bodies_called_by(gm: fx.GraphModule, n: fx.Node) -> list[fx.GraphModule]:
 
 
 def _body_writes_input(body: fx.GraphModule) -> bool:
-    from optimus_egg.from_fx import _is_view as _aliases, _returns_input
-
     modules = dict(body.named_modules())
     aliased = set(body.graph.find_nodes(op="placeholder"))  # its inputs and their views
     for n in body.graph.nodes:  # (in graph order: a view comes after what it views)
@@ -372,7 +371,7 @@ def _body_writes_input(body: fx.GraphModule) -> bool:
             continue
         if is_mutation(n, modules):
             return True
-        if _aliases(n) or _returns_input(n, modules):
+        if _aliases_its_input(n) or _returns_input(n, modules):
             aliased.add(n)
     return False
 
