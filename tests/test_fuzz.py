@@ -879,7 +879,7 @@ def trainable(prog):
 
 
 @settings(max_examples=max(1, INDUCTOR_EXAMPLES // 2), **INDUCTOR_SETTINGS)
-@given(prog=programs().map(trainable))
+@given(prog=programs().map(trainable), dynamic=st.booleans())
 # Part 1's linear feeds only a checkpointed body's result that nothing reads (part 1 is then
 # overwritten): the gradient walk took every input of a reached body call as reached, so the
 # linear was batched with reached ones and got zeros where eager gives None.
@@ -888,14 +888,14 @@ def trainable(prog):
                                                  ("fanout", 1, True, [1]), ("pointwise", "relu", 2, [0, 1]),
                                                  ("fanout", 0, True, [0, 1])),
                "split": "method_split", "out": "sum", "tap": None, "block": (3, 1, "checkpoint"),
-               "special": False, "dtype": torch.float64, "seed": 70})
+               "special": False, "dtype": torch.float64, "seed": 70}, dynamic=False)
 # Score products of one query through tanh, batched into one product of the concatenated keys:
 # torch 2.13's Inductor, reusing buffers in place, wrote tanh's backward over the saved tanh
 # output while a saved split piece of it was still to be read (baselines.EGG_BACKWARD).
 @example(prog={"n": 4, "d": 4, "b": 3, "steps": (("dropout_eval", "F_eval", [0]), ("linear", "own", True, [0, 1, 2, 3]),
                                                  ("attend", 1, "at", "old", [0, 1, 2, 3])),
                "split": "split", "out": "sum", "tap": None, "block": None, "special": False,
-               "dtype": torch.float32, "seed": 332})
+               "dtype": torch.float32, "seed": 332}, dynamic=False)
 # A value written by copy_ from one that needs no gradient: made out-of-place as a clone of the
 # source, the output no longer required grad (eagerly it does, and the weights before it get
 # zeros); as aten.copy(h, y), lowered to y, those weights get their zeros from ops.keep_grads
@@ -905,7 +905,7 @@ def trainable(prog):
                                                  ("binary", 0, 0, "mul", 0), ("linear", "own", True, [1]),
                                                  ("inplace", "direct_copy", 1), ("layer_norm", "functional", [0, 1])),
                "split": "split", "out": "tuple", "tap": None, "block": None, "special": False,
-               "dtype": torch.float64, "seed": 1173})
+               "dtype": torch.float64, "seed": 1173}, dynamic=False)
 # A shared body of layer norms and a ReLU, trained: compiled without buffer reuse (as the backend
 # compiles a graph calling a trained shared body, baselines.SHARED_BODY_TRAINING), Inductor wrote
 # C++ that did not compile for the mask stores ("Vectorized<bool> has no member cast"), which the
@@ -915,10 +915,11 @@ def trainable(prog):
     ("pointwise", "sigmoid", 1, [1]), ("layer_norm", "affine", [0]), ("pointwise", "relu", 0, [0, 1]),
     ("regroup", "reversed_stack_unbind"), ("broadcast", "sub", "param", [0])),
     "split": "chunk", "out": "tuple", "tap": (6, 0), "block": (5, 1, "shared"), "special": False,
-    "dtype": torch.float64, "seed": 18750})
-def test_random_program_trains_through_the_backend(prog):
+    "dtype": torch.float64, "seed": 18750}, dynamic=False)
+def test_random_program_trains_through_the_backend(prog, dynamic):
     """torch.compile(model, backend=optimus_egg.backend(...)) in training, on Dynamo's graph:
-    blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts.
+    blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts;
+    with dynamic=True (every size symbolic) a second step at another batch size too.
     The outputs and every parameter's gradient (None where eager has none) equal eager's, or,
     where plain torch.compile already differs from eager, plain torch.compile's (an eval-mode
     dropout under no_grad returns its input eagerly, so gradients still flow through it, but
@@ -930,9 +931,9 @@ def test_random_program_trains_through_the_backend(prog):
     # trains: the backend rewrites it and the graph around its calls, compiled without buffer reuse)
     assume(prog["block"] is None or prog["block"][2] != "cond")
     model = Program(prog).to(prog["dtype"]).eval()
-    x = make_input(prog)
+    xs = [make_input(prog)] + ([make_input({**prog, "b": prog["b"] + 3})] if dynamic else [])
     try:
-        expected = _trained(model, x, None)
+        expected = _trained_steps(model, xs, None)
     except RuntimeError:  # autograd rejects an in-place step here
         assume(False)
     assume(expected is not None)
@@ -943,28 +944,29 @@ def test_random_program_trains_through_the_backend(prog):
         return optimus_egg.backend(budget_s=0.5, strict=True)(gm, example_inputs)
 
     try:
-        got = _trained(model, x, backend)
+        got = _trained_steps(model, xs, backend, dynamic)
     except Exception:
         try:  # torch 2.13 cannot compile some programs at all (a shared body returning its input)
-            _trained(model, x, "inductor")
+            _trained_steps(model, xs, "inductor", dynamic)
         except Exception:
             assume(False)
         raise
     for r in reports:
         event(f"backend: changed={r.changed}, parts={r.parts}")
-    if not _same_training(got, expected):
-        plain = _trained(model, x, "inductor")
-        if not _same_training(plain, expected):
-            event("plain torch.compile differs from eager")
-            # (torch 2.13 trains some shared bodies differently eagerly, through AOT autograd and
-            # through Inductor, all three: then Dynamo's graph trained by AOT autograd, run
-            # eagerly, is what the backend must match)
-            captured = _trained(model, x, "aot_eager")
-            if not _same_training(captured, expected) and not _same_training(got, plain):
-                event("aot_eager differs from eager too")
-                plain = captured
-            expected = plain
-    _assert_same_training(got, expected)
+    for k, (step, eager) in enumerate(zip(got, expected)):
+        if not _same_training(step, eager):
+            plain = _trained_steps(model, xs, "inductor", dynamic)[k]
+            if not _same_training(plain, eager):
+                event("plain torch.compile differs from eager")
+                # (torch 2.13 trains some shared bodies differently eagerly, through AOT autograd
+                # and through Inductor, all three: then Dynamo's graph trained by AOT autograd, run
+                # eagerly, is what the backend must match)
+                captured = _trained_steps(model, xs, "aot_eager", dynamic)[k]
+                if not _same_training(captured, eager) and not _same_training(step, plain):
+                    event("aot_eager differs from eager too")
+                    plain = captured
+                eager = plain
+        _assert_same_training(step, eager)
 
 
 @settings(max_examples=INDUCTOR_EXAMPLES, **INDUCTOR_SETTINGS)
@@ -1082,18 +1084,31 @@ def test_random_program_runs_through_the_backend(prog, dynamic):
 def _trained(model, x, backend):
     """(outputs, {parameter: grad or None}) of one forward and backward of a copy of `model`,
     eagerly (backend None) or through torch.compile; None if nothing to differentiate."""
+    steps = _trained_steps(model, [x], backend)
+    return steps and steps[0]
+
+
+def _trained_steps(model, xs, backend, dynamic: bool = False):
+    """_trained's (outputs, gradients) of one step per input in `xs` on one copy of `model`,
+    compiled once (with `dynamic`), the gradients zeroed (None) before each; None if nothing
+    to differentiate."""
     import copy
 
     from optimus_egg.measure import _backward_seed
 
     m = copy.deepcopy(model)
     torch._dynamo.reset()
-    out = (m if backend is None else torch.compile(m, backend=backend))(x.clone())
-    seed = _backward_seed(out)
-    if seed is None:
-        return None
-    seed.backward()
-    return out, {n: p.grad for n, p in m.named_parameters()}
+    fn = m if backend is None else torch.compile(m, backend=backend, dynamic=dynamic)
+    steps = []
+    for x in xs:
+        m.zero_grad(set_to_none=True)
+        out = fn(x.clone())
+        seed = _backward_seed(out)
+        if seed is None:
+            return None
+        seed.backward()
+        steps.append((out, {n: p.grad for n, p in m.named_parameters()}))
+    return steps
 
 
 def _assert_same_training(got, expected):
