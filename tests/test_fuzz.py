@@ -656,11 +656,19 @@ def test_random_graph_optimizes_to_same_values(prog):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(prog=programs(), dynamic=st.booleans())
 # A chunk piece ((s27 + 3)//4 wide) stacked with linears' outputs (3 wide): one size two ways,
-# equal under the capture's guards (shapes._guarded_ints); egglog panicked on the stack's shape.
+# equal under the capture's guards (shapes._guarded_classes); egglog panicked on the stack's shape.
 @example(prog={"n": 4, "d": 3, "b": 4, "steps": (("dropout", "F.dropout", [0]), ("fanout", 0, False, [0, 1, 3]),
                                                  ("stack_binary", "add", 1, "tanh", [0, 1, 3])),
                "split": "chunk", "out": "cat", "tap": None, "block": None, "special": False,
                "dtype": torch.float32, "seed": 0}, dynamic=True)
+# The last chunk piece (s27 - 3*(((s27 + 3)//4)) wide) stacked with the first ((s27 + 3)//4):
+# guarded equal to each other, and the first to 8; egglog panicked on the stack's shape.
+@example(prog={"n": 4, "d": 8, "b": 3, "steps": (
+    ("stack_binary", "div", -1, "reversed", [2, 3]), ("stack_binary", "div", -1, "reversed", [2, 3]),
+    ("broadcast", "div", "param", [2, 3]), ("binary_batch", "mul", 1, [0, 1, 2, 3], 0),
+    ("uneven", "clamp", (16, 5, 3, 6, 1, 1))),
+    "split": "chunk", "out": "tuple", "tap": (4, 0), "block": None, "special": False,
+    "dtype": torch.float64, "seed": 3983}, dynamic=True)
 # A checkpointed body beside a symbolic batch: the body module read by get_attr had no meta
 # value, so the parts' graph was run on symbolic example values instead of read from meta.
 @example(prog={"n": 2, "d": 3, "b": 2, "steps": (("linear", "own", False, [0]), ("regroup", "cat_view_unbind"),

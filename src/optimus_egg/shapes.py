@@ -101,41 +101,49 @@ def symbolic_shape(v, symbols: dict[str, tuple[int, object]]) -> tuple[int, ...]
         if getattr(expr, "is_Integer", False):  # a SymInt that is a constant (make_fx)
             out.append(int(expr))
             continue
-        k = None if expr.is_Symbol else _guarded_ints(getattr(d.node, "shape_env", None)).get(expr)
+        # sizes the capture's guards hold equal share one value: an int, or one sentinel
+        same = (expr,) if expr.is_Symbol else _guarded_classes(getattr(d.node, "shape_env", None)).get(expr, (expr,))
+        k = next((int(e) for e in same if e.is_Integer), None)
         if k is not None:  # an expression the capture guards equal to an int
             out.append(k)
             continue
-        sym = symbols.get(str(expr))
-        if sym is None and not expr.is_Symbol and _computable(expr, symbols):
-            sym = symbols[str(expr)] = (_sentinel(len(symbols)), expr)
+        sym = next((symbols[str(e)] for e in same if str(e) in symbols), None)
+        if sym is None and not expr.is_Symbol:
+            source = next((e for e in same if _computable(e, symbols)), None)
+            if source is not None:
+                sym = (_sentinel(len(symbols)), source)
         if sym is None:
             return None
+        for e in same:
+            symbols.setdefault(str(e), sym)
         out.append(sym[0])
     return tuple(out)
 
 
-_GUARDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ShapeEnv -> (guards read, expr -> int)
+_GUARDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ShapeEnv -> (guards read, expr -> class)
 
 
-def _guarded_ints(env) -> dict:
-    """expression -> int for each guard `Eq(expression, int)` of a ShapeEnv. The graph only runs
-    where its guards hold, and Dynamo guards each equality it relies on: a stack of a chunk
-    piece, ((s27 + 3)//4) wide, and a linear's output, 3 wide, adds Eq((s27 + 3)//4, 3). Read as
-    two sizes, rules that derive the stack's width both ways would give one tensor two shapes."""
+def _guarded_classes(env) -> dict:
+    """expression -> the expressions and ints the guards `Eq(a, b)` of a ShapeEnv hold equal to
+    it (itself included, in guard order). The graph only runs where its guards hold, and Dynamo
+    guards each equality it relies on: a stack of a chunk piece, ((s27 + 3)//4) wide, and a
+    linear's output, 3 wide, adds Eq((s27 + 3)//4, 3); a stack of the first and the last chunk
+    piece, Eq(s27 - 3*(((s27 + 3)//4)), ((s27 + 3)//4)). Read as two sizes, rules that derive
+    the stack's width both ways would give one tensor two shapes."""
     if env is None:
         return {}
     guards = getattr(env, "guards", None) or []
-    seen, known = _GUARDED.get(env, (0, {}))
-    for g in guards[seen:]:
-        e = getattr(g, "expr", None)
-        if getattr(e, "is_Equality", False):
-            a, b = e.args
-            if b.is_Integer and not a.is_Integer:
-                known[a] = int(b)
-            elif a.is_Integer and not b.is_Integer:
-                known[b] = int(a)
-    _GUARDED[env] = (len(guards), known)
-    return known
+    seen, classes = _GUARDED.get(env, (0, {}))
+    if len(guards) > seen:
+        for g in guards[seen:]:
+            e = getattr(g, "expr", None)
+            if getattr(e, "is_Equality", False) and not all(a.is_Integer for a in e.args):
+                a, b = e.args
+                joined = tuple(dict.fromkeys(classes.get(a, (a,)) + classes.get(b, (b,))))
+                for x in joined:
+                    classes[x] = joined
+        _GUARDED[env] = (len(guards), classes)
+    return classes
 
 
 def _computable(expr, symbols) -> bool:
