@@ -689,13 +689,16 @@ def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
 
     torch._dynamo.reset()
     cond = prog["block"] is not None and prog["block"][2] == "cond"
+    shared = prog["block"] is not None and prog["block"][2] == "shared"
     with torch.no_grad():
         try:
             torch.compile(model, backend=capture, dynamic=dynamic)(x.clone())
         except Exception:
-            if not cond:
+            if not (cond or shared):
                 raise
-            assume(False)  # torch.cond refuses some branches (a random op, an input changed in place)
+            # torch.cond refuses some branches (a random op, an input changed in place), and
+            # nested_compile_region a body returning its input
+            assume(False)
     assert captured
     for gm, inputs in captured:
         note(f"graph:\n{gm.code}")
