@@ -5,6 +5,7 @@ The verify=True fallback is tested in tests/test_pipeline.py.
 """
 from __future__ import annotations
 
+import copy
 import operator
 import resource
 import time
@@ -466,6 +467,89 @@ def test_write_into_a_group_member_input():
     (got, got_in), (want, want_in) = _run(out, [x]), _run(gm, [x])
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got_in, want_in, rtol=0, atol=0)
+
+
+def test_verify_runs_each_graph_on_its_own_copy_of_a_written_input():
+    """verify=True runs both graphs: each on a copy of the inputs, so the caller's input stays
+    as it was and the second graph does not read what the first wrote (which made verify
+    reject a right rewrite)."""
+    gm = fx.symbolic_trace(_ParallelWithWrite().eval())
+    x = torch.randn(5, 32)
+    before = x.clone()
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True, verify=True)
+    report = out.meta["optimus_egg"]
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    assert report.changed and report.fallback is None and report.matches.get("cat-of-unbind-pieces", 0) > 0
+    (got, got_in), (want, want_in) = _run(out, [x]), _run(gm, [x])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_in, want_in, rtol=0, atol=0)
+
+
+class _NormedLinears(nn.Module):
+    """Linears over split pieces, each followed by a BatchNorm1d (running statistics)."""
+
+    def __init__(self, n=3, d=16):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+        self.bns = nn.ModuleList(nn.BatchNorm1d(d) for _ in range(n))
+        self.d = d
+
+    def forward(self, x):
+        s = torch.split(x, self.d, dim=1)
+        return torch.stack([torch.relu(self.bns[i](self.ls[i](s[i]))) for i in range(len(self.ls))]).sum(0)
+
+
+@pytest.mark.parametrize("trace", ["symbolic_trace", "export"])
+def test_optimizing_a_training_graph_leaves_its_running_statistics(trace):
+    """optimize runs the graph for its values (a symbolic_trace graph's call_module BatchNorm
+    for real; an exported graph's `num_batches_tracked.add_(1)` under a fake mode, where a
+    write into a 0-dim buffer runs on the real tensor): the model's buffers come back as they
+    were, and the optimized graph then updates them as eager does."""
+    torch.manual_seed(0)
+    model = _NormedLinears().train()
+    eager = copy.deepcopy(model)
+    x = torch.randn(8, 48)
+    gm = fx.symbolic_trace(model) if trace == "symbolic_trace" else torch.export.export(model, (x,)).module()
+    before = {k: b.clone() for k, b in gm.named_buffers()}
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.changed and report.matches.get("batch-linear", 0) > 0
+    for k, b in gm.named_buffers():
+        torch.testing.assert_close(b, before[k], rtol=0, atol=0, msg=lambda m, k=k: f"{k}: {m}")
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), eager(x), rtol=1e-4, atol=1e-5)
+    want = dict(eager.named_buffers())
+    for k, b in out.named_buffers():
+        torch.testing.assert_close(b, want[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+class _DroppedPieces(nn.Module):
+    """Linears over the pieces of a training-mode dropout's result."""
+
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        a, b = torch.split(F.dropout(x, 0.5, training=True), 8, 1)
+        return torch.cat([self.ls[0](a), self.ls[1](b)], 1)
+
+
+def test_optimizing_a_graph_with_a_random_op_leaves_the_random_stream():
+    """optimize runs the graph (a dropout draws from the CPU generator) with the random state
+    given back after: the caller's next draw is the one it would have had."""
+    gm = fx.symbolic_trace(_DroppedPieces())
+    x = torch.randn(4, 16)
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    torch.testing.assert_close(torch.rand(3), want, rtol=0, atol=0)
+    assert out.meta["optimus_egg"].matches.get("batch-linear", 0) > 0
+    torch.manual_seed(1)
+    got = out(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, gm(x), rtol=1e-4, atol=1e-5)
 
 
 class _WriteIntoPieceOfParamOutput(nn.Module):

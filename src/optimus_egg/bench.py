@@ -253,17 +253,18 @@ def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any], gemm_loops: bo
 
 def fx_shapes(gm: fx.GraphModule, inputs: Sequence[Any]):
     """node -> its tensor shape (None where it is not one), as from_fx propagates them
-    (shapes.propagate_shapes), run on copies of ``inputs`` with the random state restored."""
+    (shapes.propagate_shapes), run on copies of ``inputs`` with the random state and the
+    model's buffers restored."""
     return fx_layouts(gm, inputs)[0]
 
 
 def fx_layouts(gm: fx.GraphModule, inputs: Sequence[Any]):
     """`fx_shapes` and, from the same run, node -> are its value's rows strided
     (shapes.rows_strided): fused_launches' `shape_of` and `strided_of`."""
-    from optimus_egg.shapes import propagate_shapes, rows_strided
+    from optimus_egg.shapes import buffers_kept, propagate_shapes, rows_strided
 
     copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(), buffers_kept(gm):
         values = propagate_shapes(gm, copies, mutates=False)
     return (lambda n: getattr(values.get(n), "shape", None)), (lambda n: rows_strided(values.get(n)))
 

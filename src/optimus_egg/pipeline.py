@@ -30,7 +30,7 @@ from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
-from optimus_egg.shapes import check_inputs
+from optimus_egg.shapes import buffers_kept, check_inputs, state_kept
 from optimus_egg.to_fx import graph_module, prepare, to_fx
 
 # The report of every optimize() call at INFO (how to see it through torch.compile).
@@ -237,7 +237,8 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     (FIRST_ITERATION_S_PER_NODE per FX node) returns an equivalent graph without lowering it.
     disable: rule families (optimus_egg.rules.SCHEDULE_ORDER) or single rules (rules/README.md)
     to leave out.
-    verify: run both graphs on example_inputs and keep the input graph if values differ.
+    verify: run both graphs on copies of example_inputs and keep the input graph if values differ.
+    The model's buffers, the inputs and the random number generators are left as they were.
     gemm_loops: price the graph as Inductor compiles it with small CPU GEMMs as loops
     (gemm_loops.py; the backend's gemm_loops option): such a GEMM is elementwise code fused
     with its neighbours, so the search leaves it unbatched. Prices only; values never change.
@@ -263,11 +264,12 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     report = Report(training=training)
     start = time.perf_counter()
     try:
-        with worker.frozen_heap():
-            result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report, gemm_loops, training,
-                               buffer_reuse)
-        if verify and result is not gm and not _same_values(gm, result, inputs):
-            raise RuntimeError("verify: the optimized graph's values differ from the input graph's")
+        with state_kept(gm, inputs):  # (running the graph for its values may change the caller's state)
+            with worker.frozen_heap():
+                result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report, gemm_loops, training,
+                                   buffer_reuse)
+            if verify and result is not gm and not _same_values(gm, result, inputs):
+                raise RuntimeError("verify: the optimized graph's values differ from the input graph's")
     except ValueError:
         raise
     except Exception as e:
@@ -652,8 +654,14 @@ def _cheaper(final: _Found, snapshot: _Found | None) -> _Found:
 
 
 def _same_values(a: fx.GraphModule, b: fx.GraphModule, inputs) -> bool:
-    with torch.no_grad():
-        ra, rb = a(*inputs), b(*inputs)
+    """Whether a and b compute the same values on `inputs`, each run on copies of the tensor
+    inputs from the same model state (both left as they were)."""
+    def values(g: fx.GraphModule):
+        fresh = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        with torch.no_grad(), buffers_kept(g):
+            return torch.utils._pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, g(*fresh))
+
+    ra, rb = values(a), values(b)
     try:
         torch.testing.assert_close(rb, ra, rtol=1e-4, atol=1e-5, equal_nan=True)
         return True

@@ -6,6 +6,7 @@ back while from_fx lowers the nodes already done (`shape_values`).
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
 import time
 import weakref
@@ -370,6 +371,38 @@ def _pickles(v) -> bool:
         return True
     except Exception:  # noqa: BLE001
         return False
+
+
+@contextlib.contextmanager
+def state_kept(gm: torch.nn.Module, inputs):
+    """`buffers_kept(gm)`, and the random number generators (the CPU's, and each GPU's that
+    holds a tensor of `inputs`) given their state back on exit: running a graph with a random
+    op (a dropout in training) for its values would move the caller's random stream."""
+    cuda = sorted({x.device.index or 0 for x in inputs if isinstance(x, torch.Tensor) and x.device.type == "cuda"})
+    with torch.random.fork_rng(devices=cuda), buffers_kept(gm):
+        yield
+
+
+@contextlib.contextmanager
+def buffers_kept(gm: torch.nn.Module):
+    """Give every buffer of `gm` (its submodules' too) its value back on exit. Running a graph
+    for its values may write the model's state: a call_module BatchNorm in training updates
+    its running statistics, and a write into a 0-dim buffer (an exported graph's
+    `num_batches_tracked.add_(1)`) runs on the real tensor even under a fake mode, whose
+    operands are then all real. Parameters are not copied (a graph writing into one in place
+    is changed by running it)."""
+    saved = [(mod, name, b, b.detach().clone()) for mod in gm.modules() for name, b in mod._buffers.items()
+             if isinstance(b, torch.Tensor)]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for mod, name, b, value in saved:
+                mod._buffers[name] = b
+                if b.shape == value.shape and b.dtype == value.dtype:
+                    b.copy_(value)
+                else:
+                    b.set_(value)
 
 
 def _run(gm: fx.GraphModule, inputs: list, keep) -> None:
