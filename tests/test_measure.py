@@ -323,3 +323,28 @@ def test_graph_returning_its_input_launches_nothing():
     c = compile_inductor(gm, [inp])
     assert c.launches == Launches() and c.codes == []
     torch.testing.assert_close(c.fn(inp), inp)
+
+
+def test_graph_of_views_launches_nothing():
+    """A graph of views only (Optimus's passes reduce a stack and unbind of split pieces, then a
+    cat, to an unflatten and a flatten): Inductor writes no code for it either, zero launches."""
+    class Views(torch.nn.Module):
+        def forward(self, x):
+            return torch.flatten(torch.unflatten(x, 1, (3, -1)), 1, 2)
+
+    gm = torch.fx.symbolic_trace(Views())
+    inp = torch.randn(4, 9)
+    c = compile_inductor(gm, [inp])
+    assert c.launches == Launches() and c.codes == []
+    torch.testing.assert_close(c.fn(inp), gm(inp))
+
+
+def test_graph_that_computes_but_compiles_to_no_code_is_refused(monkeypatch):
+    """No wrapper code for a graph that computes is a measurement failure (a cache hit, say),
+    never zero launches."""
+    import torch._inductor.utils as utils
+
+    monkeypatch.setattr(utils, "run_and_get_code", lambda fn, *a, **k: (fn(*a, **k), []))
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
+    with pytest.raises(RuntimeError, match="no wrapper code for a graph that computes"):
+        compile_inductor(gm, [torch.randn(3, 4)])

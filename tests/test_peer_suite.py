@@ -29,7 +29,6 @@ column, and ``OPTIMUS_EGG_PEER_TABLE=<path>`` writes the table there as Markdown
 from __future__ import annotations
 
 import functools
-import operator
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -104,30 +103,10 @@ def _arms(name: str) -> Arms:
     return Arms(gm, inputs, eager, egg, opt)
 
 
-# Targets that only make views: a graph of these (or no calls at all) needs no kernel.
-_VIEW_TARGETS = {
-    operator.getitem, torch.split, torch.functional.split, torch.unbind, torch.flatten,
-    torch.unflatten, torch.movedim, torch.permute, torch.squeeze, torch.unsqueeze,
-    torch.transpose, torch.reshape, torch.narrow, torch.select,
-    "split", "unbind", "view", "reshape", "flatten", "unflatten", "movedim", "permute",
-    "squeeze", "unsqueeze", "transpose", "narrow", "select",
-}
-
-
-def _only_views(gm: fx.GraphModule) -> bool:
-    return all(n.target in _VIEW_TARGETS for n in gm.graph.nodes
-               if n.op in ("call_function", "call_method", "call_module"))
-
-
 def _compile(gm: fx.GraphModule, inputs) -> Compiled:
-    """compile_inductor, and 0 launches for a graph Inductor emits no code for (it returns
-    its inputs or views of them; checked, since that is the only honest reason)."""
-    try:
-        return compile_inductor(gm, list(inputs), config_patches=FAST)
-    except RuntimeError as e:
-        if "no wrapper code" not in str(e) or not _only_views(gm):
-            raise
-    return Compiled(fn=gm, code="", compile_s=0.0, launches=Launches())
+    """compile_inductor (0 launches for a graph Inductor emits no code for: it returns its
+    inputs or views of them, `measure.only_views`)."""
+    return compile_inductor(gm, list(inputs), config_patches=FAST)
 
 
 @functools.cache
