@@ -45,6 +45,7 @@ nested_compile_region body that runs them twice (`Program.shared`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import warnings
 
@@ -648,7 +649,12 @@ def test_random_graph_optimizes_to_same_values(prog):
     gm = fx.symbolic_trace(model)
     x = make_input(prog)
     note(f"graph:\n{gm.code}")
+    before, rng, state = x.clone(), torch.random.get_rng_state(), copy.deepcopy(model.state_dict())
     out = optimize_strict(gm, [x])
+    # the caller's state as it was: the input, the random stream, the model's tensors
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    torch.testing.assert_close(x, before, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(model.state_dict(), state, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(run(out, x), run(gm, x), rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
