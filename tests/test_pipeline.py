@@ -185,6 +185,18 @@ def test_wrong_input_shape_is_a_value_error(mlp):
         optimus_egg.optimize(gm, [torch.randn(3, 7)])
 
 
+@pytest.mark.parametrize("kind", ["fake", "meta"])
+def test_fake_inputs_to_a_graph_without_meta_values_are_a_value_error(mlp, kind):
+    """A symbolic_trace graph carries no shapes: optimize runs it for them, which fake or meta
+    inputs cannot do with the model's real weights; the error names the placeholder."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gm, inputs = mlp
+    x = FakeTensorMode().from_tensor(inputs[0]) if kind == "fake" else inputs[0].to("meta")
+    with pytest.raises(ValueError, match=r"must be real tensors .* placeholder\(s\) x got fake or meta"):
+        optimus_egg.optimize(gm, [x])
+
+
 def test_unknown_rule_family_is_a_value_error(mlp):
     gm, inputs = mlp
     with pytest.raises(ValueError, match="batch_linearz"):

@@ -235,11 +235,23 @@ def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool) -> dict[fx
             finally:
                 torch.set_num_threads(threads)
     except Exception as e:  # a shape mismatch surfaces here for untyped graphs
+        unreal = [p.name for p, x in zip(gm.graph.find_nodes(op="placeholder"), inputs) if _unreal(x)]
+        if unreal:
+            raise ValueError(f"example inputs must be real tensors where the graph's nodes have no meta values to "
+                             f"read shapes from: placeholder(s) {', '.join(unreal)} got fake or meta tensors "
+                             f"({type(e).__name__}: {e})") from e
         raise ValueError(_MISFIT + f"{type(e).__name__}: {e}") from e
     return {n: (vals[n] if vals[n] is not None else env.get(n)) for n in gm.graph.nodes}
 
 
 _MISFIT = "example inputs do not fit the graph: "
+
+
+def _unreal(x) -> bool:
+    """A FakeTensor or a tensor on the meta device: no values to run a graph on."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(x, FakeTensor) or (isinstance(x, torch.Tensor) and x.device.type == "meta")
 
 
 def _summary(r):
