@@ -199,6 +199,30 @@ def test_differential_flags_optimus_computing_other_values():
     assert differential.optimus_row(fx.symbolic_trace(in_order), x)[1] is False
 
 
+def test_differential_leaves_out_a_program_eager_cannot_train():
+    """In training, a program whose eager step autograd rejects (a linear's input written in
+    place after the linear read it: `differential.py --train --seed 36` stopped on one) has
+    nothing to compare: `trains_eagerly` says so, and the program is an invalid draw."""
+    import differential
+
+    class WrittenAfterRead(torch.nn.Module):
+        def __init__(self, write: bool):
+            super().__init__()
+            self.lin, self.write = torch.nn.Linear(3, 3, bias=False), write
+
+        def forward(self, x):
+            a, b = torch.split(x, 3, dim=1)
+            y = self.lin(b)
+            if self.write:
+                b.add_(1.0)
+            return torch.cat([a, y], 1)
+
+    x = torch.randn(1, 6)
+    assert not differential.trains_eagerly(WrittenAfterRead(True), x)
+    model = WrittenAfterRead(False)
+    assert differential.trains_eagerly(model, x) and model.lin.weight.grad is None
+
+
 def test_predicted_launches_is_the_estimate_optimize_checks():
     """The bench's predicted launches (CSV pred_launches, extraction.py) give the fusion
     estimate the shapes from_fx propagates, as optimize() does for its input; dcn_v2 holds
