@@ -506,3 +506,33 @@ def test_a_lone_select_comes_back_a_select_from_the_search():
     assert calls(out, torch.select) == 1 and calls(out, torch.unbind) == 0
     for a, b in zip(out(x), gm(x)):
         torch.testing.assert_close(a, b)
+
+
+_IN_A_THREAD = """
+import threading, torch, torch.fx as fx
+import optimus_egg
+from optimus_egg.models import build
+model, inputs = build("parallel_mlp")
+gm = fx.symbolic_trace(model.eval())
+got = {}
+t = threading.Thread(target=lambda: got.update(out=optimus_egg.optimize(gm, list(inputs), 1.0, strict=True)))
+t.start(); t.join()
+import gc; gc.collect()
+with torch.no_grad():
+    torch.testing.assert_close(got["out"](*inputs), gm(*inputs))
+print("changed", got["out"].meta["optimus_egg"].changed)
+"""
+
+
+def test_optimize_in_a_thread_drops_its_egraphs_there():
+    """optimize called first from a thread other than the main one (a fresh interpreter, so
+    egglog's first use happens there): its e-graphs are dropped in that thread, as PyO3
+    requires of egglog's; dropped by the main thread's collector they printed "EGraph is
+    unsendable, but is being dropped on another thread"."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _IN_A_THREAD], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "changed True" in run.stdout
+    assert "unsendable" not in run.stderr, run.stderr[-2000:]

@@ -8,9 +8,11 @@ extraction finds nothing cheaper, the input graph is returned unchanged.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import math
 import numbers
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -282,6 +284,10 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
         result = gm
     if result is gm:
         result = _copy(gm)
+    if threading.current_thread() is not threading.main_thread():
+        # egglog's e-graphs may be dropped only by the thread that made them (PyO3
+        # "unsendable"): collect the cycles holding this call's before another thread does
+        gc.collect()
     report.timings["total"] = time.perf_counter() - start
     result.meta["optimus_egg"] = report
     log.info("graph of %d FX nodes: %s", len(gm.graph.nodes), report)
