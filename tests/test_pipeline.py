@@ -179,6 +179,29 @@ def test_wrong_input_count_is_a_value_error(mlp):
         optimus_egg.optimize(gm, inputs + [torch.randn(1)])
 
 
+class _Scaled(nn.Module):
+    """Two linears over split pieces, scaled by an argument with a default."""
+
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x, scale: float = 2.0):
+        a, b = torch.split(x, 8, 1)
+        return torch.cat([self.ls[0](a), self.ls[1](b)], 1) * scale
+
+
+def test_an_input_left_out_for_a_placeholder_with_a_default_takes_the_default():
+    gm = fx.symbolic_trace(_Scaled())
+    x = torch.randn(4, 16)
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    assert out.meta["optimus_egg"].matches.get("batch-linear", 0) > 0
+    torch.testing.assert_close(out(x), gm(x))
+    torch.testing.assert_close(out(x, 3.0), gm(x, 3.0))
+    with pytest.raises(ValueError, match="placeholders"):
+        optimus_egg.optimize(gm, [])  # x has no default
+
+
 def test_wrong_input_shape_is_a_value_error(mlp):
     gm, inputs = mlp
     with pytest.raises(ValueError, match="do not fit"):

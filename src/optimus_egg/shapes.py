@@ -159,9 +159,13 @@ def _computable(expr, symbols) -> bool:
 
 
 def check_inputs(gm: fx.GraphModule, example_inputs) -> list:
-    """Validate example inputs against the placeholders (count, and shapes where known)."""
+    """Validate example inputs against the placeholders (count, and shapes where known). Inputs
+    left out at the end for placeholders with a default (`forward(self, x, scale=2.0)` traced)
+    get the default, as calling the graph gives it."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     inputs = list(example_inputs)
+    if len(inputs) < len(placeholders) and all(p.args for p in placeholders[len(inputs):]):
+        inputs += [p.args[0] for p in placeholders[len(inputs):]]
     if len(inputs) != len(placeholders):
         raise ValueError(
             f"example_inputs has {len(inputs)} values but the graph has {len(placeholders)} "
