@@ -39,18 +39,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def trains_eagerly(model: torch.nn.Module, x: torch.Tensor) -> bool:
-    """Whether one eager step (forward, then the backward of the outputs' sum, as
-    compile_inductor trains) runs: autograd rejects some in-place steps."""
-    from optimus_egg.measure import _backward_seed
+    """Whether one eager step on a copy of `model` (the fuzz suite's `_trained`: forward, then
+    the backward of the outputs' sum, as compile_inductor trains) runs: autograd rejects some
+    in-place steps."""
+    from test_fuzz import _trained
 
     try:
-        with torch.enable_grad():
-            if (seed := _backward_seed(model(x.clone()))) is not None:
-                seed.backward()
+        _trained(model, x, None)
     except RuntimeError:
         return False
-    finally:
-        model.zero_grad(set_to_none=True)
     return True
 
 

@@ -1109,8 +1109,6 @@ def _trained_steps(model, xs, backend, dynamic: bool = False):
     """_trained's (outputs, gradients) of one step per input in `xs` on one copy of `model`,
     compiled once (with `dynamic`), the gradients zeroed (None) before each; None if nothing
     to differentiate."""
-    import copy
-
     from optimus_egg.measure import _backward_seed
 
     m = copy.deepcopy(model)

@@ -261,10 +261,10 @@ def fx_shapes(gm: fx.GraphModule, inputs: Sequence[Any]):
 def fx_layouts(gm: fx.GraphModule, inputs: Sequence[Any]):
     """`fx_shapes` and, from the same run, node -> are its value's rows strided
     (shapes.rows_strided): fused_launches' `shape_of` and `strided_of`."""
-    from optimus_egg.shapes import buffers_kept, propagate_shapes, rows_strided
+    from optimus_egg.shapes import propagate_shapes, rows_strided, state_kept
 
     copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-    with torch.random.fork_rng(), buffers_kept(gm):
+    with state_kept(gm, copies):
         values = propagate_shapes(gm, copies, mutates=False)
     return (lambda n: getattr(values.get(n), "shape", None)), (lambda n: rows_strided(values.get(n)))
 
