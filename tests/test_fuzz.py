@@ -656,6 +656,8 @@ def test_random_graph_optimizes_to_same_values(prog):
     torch.testing.assert_close(x, before, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(model.state_dict(), state, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(run(out, x), run(gm, x), rtol=1e-4, atol=1e-5, equal_nan=True)
+    # traced again (as torch.save and pickle do): the same calls, the same values
+    torch.testing.assert_close(run(fx.symbolic_trace(out), x), run(out, x), rtol=0, atol=0, equal_nan=True)
 
 
 @settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=DERANDOMIZE, database=None,

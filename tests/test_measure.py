@@ -339,6 +339,23 @@ def test_graph_of_views_launches_nothing():
     torch.testing.assert_close(c.fn(inp), gm(inp))
 
 
+def test_optimized_graph_of_views_and_shape_checks_launches_nothing():
+    """A split whose pieces are concatenated again is its input: optimized, the graph is the
+    input's shape check alone (shapes.guard_example_shapes), zero launches too."""
+    import optimus_egg
+
+    class Rejoined(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat(torch.split(x, 3, dim=1), 1)
+
+    gm, inp = torch.fx.symbolic_trace(Rejoined()), torch.randn(4, 9)
+    out = optimus_egg.optimize(gm, [inp], 1.0, strict=True)
+    assert out.meta["optimus_egg"].changed and out.meta["optimus_egg"].shape_checks == 1
+    c = compile_inductor(out, [inp])
+    assert c.launches == Launches() and c.codes == []
+    torch.testing.assert_close(c.fn(inp), gm(inp))
+
+
 def test_graph_that_computes_but_compiles_to_no_code_is_refused(monkeypatch):
     """No wrapper code for a graph that computes is a measurement failure (a cache hit, say),
     never zero launches."""

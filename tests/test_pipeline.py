@@ -1,4 +1,5 @@
 """optimize(): round trip with no rules, the report, bad input, budget 0 and fallbacks."""
+import copy
 import math
 import os
 import warnings
@@ -559,3 +560,103 @@ def test_optimize_in_a_thread_drops_its_egraphs_there():
     assert run.returncode == 0, run.stderr[-2000:]
     assert "changed True" in run.stdout
     assert "unsendable" not in run.stderr, run.stderr[-2000:]
+
+
+class _FirstHalf(nn.Module):
+    """Reads one chunk of the rows: optimized, the chunk is a narrow of the example's half."""
+
+    def forward(self, x, rows: int):
+        return torch.relu(torch.chunk(x.reshape(rows, -1), 2, dim=0)[0])
+
+
+class _Normed(nn.Module):
+    def forward(self, x):
+        a, b = torch.chunk(x, 2, dim=1)
+        return torch.cat([nn.functional.layer_norm(a, (8,)), nn.functional.layer_norm(b, (8,))], 1)
+
+
+def _without_shape_checks(gm: fx.GraphModule) -> fx.GraphModule:
+    g = copy.deepcopy(gm.graph)
+    for n in [n for n in g.nodes if n.target is torch._assert]:
+        g.erase_node(n)
+    g.eliminate_dead_code()
+    return fx.GraphModule(gm, g)
+
+
+def test_a_graph_without_shapes_checks_the_example_shapes_on_entry():
+    """A symbolic_trace graph has no shapes of its own: the result is made for the example's,
+    and checks each input against them. Without the checks this one computes other values at
+    another batch size (the narrow keeps the example's 4 rows)."""
+    gm = fx.symbolic_trace(_FirstHalf())
+    x = torch.randn(8, 4)
+    out = optimus_egg.optimize(gm, [x, 8], 1.0, strict=True)
+    report = out.meta["optimus_egg"]
+    assert report.changed and calls(out, torch.narrow) == 1 and report.shape_checks == 2
+    assert "checked against the example's shape on entry: 2" in str(report)
+    torch.testing.assert_close(out(x, 8), gm(x, 8), rtol=0, atol=0)
+    unchecked = _without_shape_checks(out)
+    for other in [(torch.randn(16, 4), 16), (x, 4)]:
+        assert unchecked(*other).shape != gm(*other).shape  # what the checks stop
+    with pytest.raises(AssertionError, match=r"optimized this graph for input 'x' of shape \(8, 4\)"):
+        out(torch.randn(16, 4), 16)
+    with pytest.raises(AssertionError, match="input 'rows' of value 8"):
+        out(x, 4)
+
+
+class _Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        a, b = torch.chunk(x, 2, dim=1)
+        return torch.cat([lin(nn.functional.layer_norm(p, (8,))) for lin, p in zip(self.ls, (a, b))], 1)
+
+
+def test_optimizing_an_optimized_graph_keeps_one_check_per_input():
+    """Lowering leaves the shape checks out; the rewritten result gets its own."""
+    gm, x = fx.symbolic_trace(_Heads()), torch.randn(4, 16)
+    first = optimus_egg.optimize(gm, [x], 1.0, strict=True, disable=["batch_linear"])
+    again = optimus_egg.optimize(first, [x], 1.0, strict=True)
+    assert calls(first, ops.batched_layer_norm) == 1 and calls(first, ops.batched_linear) == 0
+    assert calls(again, ops.batched_linear) == 1 and again.meta["optimus_egg"].shape_checks == 1
+    assert calls(first, torch._assert) == calls(again, torch._assert) == 1
+    torch.testing.assert_close(again(x), gm(x))
+
+
+class _ListOfRows(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, xs):
+        return torch.cat([torch.chunk(self.ls[0](xs[0]), 2, 0)[0], self.ls[1](xs[1])], 0)
+
+
+def test_the_shape_checks_look_into_a_list_input():
+    gm, xs = fx.symbolic_trace(_ListOfRows()), [torch.randn(4, 8), torch.randn(4, 8)]
+    out = optimus_egg.optimize(gm, [xs], 1.0, strict=True)
+    assert calls(out, ops.batched_linear) == 1 and out.meta["optimus_egg"].shape_checks == 2
+    torch.testing.assert_close(out(xs), gm(xs))
+    other = [torch.randn(6, 8), torch.randn(6, 8)]
+    assert _without_shape_checks(out)(other).shape != gm(other).shape  # what the checks stop
+    with pytest.raises(AssertionError, match=r"input 'xs\[0\]' of shape \(4, 8\)"):
+        out(other)
+
+
+def test_a_graph_with_shapes_of_its_own_gets_no_shape_checks():
+    """Dynamo and export graphs carry their shapes (symbolic where captured so), and their
+    tracers guard them: no checks, and the result runs at every size the capture allows."""
+    model, x = _Normed(), torch.randn(8, 16)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("b", min=2)},))
+    out = optimus_egg.optimize(ep.module(), [x], 1.0, strict=True)
+    assert calls(out, ops.batched_layer_norm) == 1 and out.meta["optimus_egg"].shape_checks == 0
+    other = torch.randn(5, 16)
+    torch.testing.assert_close(out(other), model(other))
+
+
+def test_an_unchanged_graph_gets_no_shape_checks(mlp):
+    gm, inputs = mlp
+    out = optimus_egg.optimize(gm, inputs, 0.0, strict=True)
+    assert not out.meta["optimus_egg"].changed and out.meta["optimus_egg"].shape_checks == 0
+    assert calls(out, torch._assert) == 0

@@ -836,6 +836,48 @@ def test_a_parameter_keeps_its_zero_gradient(affine):
         assert report.zero_grads == []
 
 
+class _MixedBiases(nn.Module):
+    """Linears on an input's rows, one without a bias: batched with ops.stack_bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList([nn.Linear(8, 16), nn.Linear(8, 16, bias=False), nn.Linear(8, 16)])
+
+    def forward(self, x):
+        xs = torch.unbind(x, 0)
+        return torch.cat([torch.relu(self.ls[i](xs[i])) for i in range(3)], 1)
+
+
+class _NormedHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(8) for _ in range(2))
+
+    def forward(self, x):
+        a, b = torch.chunk(x, 2, dim=1)
+        return torch.cat([self.norms[0](a), self.norms[1](b)], 1)
+
+
+@pytest.mark.parametrize("model, x, op", [
+    (_MixedBiases, (3, 4, 8), ops.stack_bias), (_MixedBiases, (3, 4, 8), ops.batched_linear),
+    (_NormedHeads, (4, 16), ops.batched_layer_norm), (lambda: _RowOfAStack(affine=True), (2, 12), ops.keep_grads)])
+def test_an_optimized_graph_saves_loads_and_traces_again(model, x, op, tmp_path):
+    """torch.save / pickle rebuild a GraphModule by tracing its code again: each op of
+    optimus_egg.ops stays one call (not traced into, which Proxies cannot do), the shape
+    checks stay, and values and gradients are the input's."""
+    torch.manual_seed(0)
+    gm, x = fx.symbolic_trace(model()), torch.randn(*x)
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    assert calls(out, op) == 1 and calls(out, torch._assert) == 1
+    torch.save(out, tmp_path / "out.pt")
+    for again in (torch.load(tmp_path / "out.pt", weights_only=False), fx.symbolic_trace(out), copy.deepcopy(out)):
+        assert calls(again, op) == 1 and calls(again, torch._assert) == 1
+        torch.testing.assert_close(again(x), gm(x))
+        want, got = _grads(gm, x), _grads(again, x)
+        for name, g in want.items():
+            torch.testing.assert_close(got[name], g, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_an_output_given_zero_gradients_may_be_modified_in_place():
     """keep_grads returns its input's storage, not a view made in a custom Function: an
     in-place update of the output is allowed where it was (torch.neg saves nothing for its

@@ -329,7 +329,7 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     they do (asserts, export's guards, RNG draws). `mutated`: the mutating nodes, if known."""
     impure = {n for n in graph.nodes
               if n.op in ("call_function", "call_module", "call_method")
-              and (_is_impure(n, modules) or draws_random(n, modules))}
+              and (_is_impure(n, modules) or draws_random(n, modules)) and not shapes.is_shape_check(n)}
     if mutated is None:
         mutated = [n for n in graph.nodes if is_mutation(n, modules)]
     marked = [n for n in graph.nodes if n.meta.get(WRITTEN)]

@@ -43,6 +43,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from optimus_egg.shapes import is_shape_check
+
 __all__ = [
     "Launches",
     "count_launches",
@@ -255,10 +257,15 @@ VIEW_TARGETS = {
 
 
 def only_views(gm: fx.GraphModule) -> bool:
-    """Whether every call in `gm` only makes a view (VIEW_TARGETS): Inductor emits no code for
-    such a graph, honestly 0 launches."""
+    """Whether every call in `gm` only makes a view (VIEW_TARGETS) or checks an input's shape
+    (shapes.guard_example_shapes, folded away by tracing): Inductor emits no code for such a
+    graph, honestly 0 launches."""
+    checks: set[fx.Node] = set()  # the checks and what only they read
+    for n in reversed(gm.graph.nodes):
+        if is_shape_check(n) or (n.op != "placeholder" and n.users and all(u in checks for u in n.users)):
+            checks.add(n)
     return all(n.target in VIEW_TARGETS for n in gm.graph.nodes
-               if n.op in ("call_function", "call_method", "call_module"))
+               if n.op in ("call_function", "call_method", "call_module") and n not in checks)
 
 
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:

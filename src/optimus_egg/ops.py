@@ -2,15 +2,37 @@
 and Inductor trace through (each is one GEMM or one fused norm after lowering)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+from torch.overrides import handle_torch_function, has_torch_function
+from torch.utils._pytree import tree_leaves
 
 
+def _one_call_in_symbolic_trace(fn):
+    """fn, which symbolic_trace records as one call (as it does torch's own functions) instead
+    of tracing into it: torch.save and pickle rebuild a GraphModule by tracing its code again,
+    and its Proxies cannot stand in for the sizes fn reads. Through __torch_function__, as
+    torch.functional.split does; Dynamo and AOTAutograd still trace through fn."""
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        operands = tuple(tree_leaves((args, kwargs)))
+        if has_torch_function(operands):
+            return handle_torch_function(op, operands, *args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return op
+
+
+@_one_call_in_symbolic_trace
 def stack_bias(biases: list[torch.Tensor | None], w: torch.Tensor) -> torch.Tensor:
     """Stack per-member biases for stacked weights w [N, O, K]; a member without one gets zeros."""
     return torch.stack([b if b is not None else w.new_zeros(w.shape[1]) for b in biases])
 
 
+@_one_call_in_symbolic_trace
 def batched_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """x [N, *, K], w [N, O, K], b [N, O] or None -> [N, *, O] with one bmm/baddbmm."""
     n, k = x.shape[0], x.shape[-1]
@@ -20,6 +42,7 @@ def batched_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> 
     return out.reshape(*x.shape[:-1], w.shape[1])
 
 
+@_one_call_in_symbolic_trace
 def batched_layer_norm(x: torch.Tensor, shape: list[int], w: torch.Tensor | None,
                        b: torch.Tensor | None, eps: float) -> torch.Tensor:
     """layer_norm over x's trailing `shape` dims, then per-member affine w/b [N, *shape]."""
@@ -48,6 +71,7 @@ class _KeepGrads(torch.autograd.Function):
         return (grad, *(torch.zeros_like(t) for t in ctx.saved_tensors))
 
 
+@_one_call_in_symbolic_trace
 def keep_grads(y: torch.Tensor, *leaves: torch.Tensor) -> torch.Tensor:
     """y, with a zero gradient for each of `leaves` whenever a gradient reaches y: what an
     output gives the parameters that eagerly fed it only through values nothing reads (a

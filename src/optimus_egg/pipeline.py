@@ -32,7 +32,7 @@ from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
-from optimus_egg.shapes import buffers_kept, check_inputs, state_kept
+from optimus_egg.shapes import buffers_kept, check_inputs, guard_example_shapes, state_kept
 from optimus_egg.to_fx import graph_module, prepare, to_fx
 
 # The report of every optimize() call at INFO (how to see it through torch.compile).
@@ -62,6 +62,7 @@ class Report:
     parts: int = 1               # parts kept apart: stretches between state changes, bodies (parts.py)
     zero_grads: list[str] = field(default_factory=list)  # tensors given zero gradients by ops.keep_grads
     out_of_place: int = 0        # writes into fresh values made out-of-place before lowering (functional.py)
+    shape_checks: int = 0        # inputs the result checks against the example's shape (shapes.guard_example_shapes)
 
     def __str__(self) -> str:
         t = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
@@ -83,6 +84,8 @@ class Report:
             lines.append(f"  in-place writes into fresh values made out-of-place: {self.out_of_place}")
         if self.kept_input:
             lines.append(f"  kept the input: {self.kept_input}")
+        if self.shape_checks:
+            lines.append(f"  inputs checked against the example's shape on entry: {self.shape_checks}")
         if self.zero_grads:
             lines.append(f"  zero gradients kept by the outputs (ops.keep_grads): {', '.join(self.zero_grads)}")
         if self.fallback:
@@ -241,6 +244,8 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     to leave out.
     verify: run both graphs on copies of example_inputs and keep the input graph if values differ.
     The model's buffers, the inputs and the random number generators are left as they were.
+    A rewritten graph whose inputs carry no shapes of their own (symbolic_trace) is made for
+    the example's and checks them on entry (shapes.guard_example_shapes: AssertionError).
     gemm_loops: price the graph as Inductor compiles it with small CPU GEMMs as loops
     (gemm_loops.py; the backend's gemm_loops option): such a GEMM is elementwise code fused
     with its neighbours, so the search leaves it unbatched. Prices only; values never change.
@@ -272,6 +277,8 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
                                    buffer_reuse)
             if verify and result is not gm and not _same_values(gm, result, inputs):
                 raise RuntimeError("verify: the optimized graph's values differ from the input graph's")
+            if result is not gm:
+                report.shape_checks = guard_example_shapes(gm, result, inputs)
     except ValueError:
         raise
     except Exception as e:

@@ -7,6 +7,7 @@ back while from_fx lowers the nodes already done (`shape_values`).
 from __future__ import annotations
 
 import contextlib
+import operator
 import pickle
 import time
 import weakref
@@ -176,6 +177,67 @@ def check_inputs(gm: fx.GraphModule, example_inputs) -> list:
             raise ValueError(f"example input for placeholder '{p.name}' has shape {tuple(x.shape)}, "
                              f"but the graph was captured with {want}")
     return inputs
+
+
+_CHECK = "optimus_egg optimized this graph for input"
+
+
+def is_shape_check(n: fx.Node) -> bool:
+    """Is n a check guard_example_shapes inserted? Lowering leaves such checks out (the
+    result gets its own), so optimizing an optimized graph does not pile them up."""
+    return (n.op == "call_function" and n.target is torch._assert and len(n.args) == 2
+            and isinstance(n.args[1], str) and n.args[1].startswith(_CHECK))
+
+
+def guard_example_shapes(gm: fx.GraphModule, out: fx.GraphModule, inputs: list) -> int:
+    """Make `out` (optimized from `gm` for `inputs`) check on entry each input whose shape came
+    from the example inputs (a placeholder without a tracer's meta value: symbolic_trace)
+    against the example's shape, and each such int input against its value, looking into
+    lists, tuples and dicts: the rewrites are made for those sizes (a split's piece sizes, a
+    batch's group layout), and at other sizes some would raise deep inside the graph and some
+    would compute other values (a narrow of the example's piece length). Each check is a
+    `torch._assert` on `x.shape == (...)`, dead code to Inductor, folded by Dynamo and export
+    where the size is static. Dynamo and export graphs (meta values on their placeholders) are
+    guarded by their tracers. Returns the number of checks inserted."""
+    present = {n.args[1] for n in out.graph.nodes if is_shape_check(n)}  # (kept where a part was not lowered)
+    ours = [n for n in out.graph.nodes if n.op == "placeholder"]
+    theirs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(ours) != len(theirs) or not ours:
+        raise RuntimeError("the optimized graph's placeholders differ from the input's")
+    g, checks = out.graph, 0
+    with g.inserting_before(ours[-1].next):
+        for p, q, x in zip(ours, theirs, inputs):
+            if "val" in q.meta or "example_value" in q.meta:
+                continue
+            for path, v in _sized_leaves(x, ()):
+                name = str(q.target) + "".join(f"[{k!r}]" for k in path)
+                want = tuple(v.shape) if isinstance(v, torch.Tensor) else v
+                what = f"shape {want}" if isinstance(v, torch.Tensor) else f"value {want}"
+                message = (f"{_CHECK} '{name}' of {what}: optimize it again for other shapes, or capture "
+                           "the model with dynamic shapes (torch.compile(..., dynamic=True), torch.export with a Dim)")
+                if message in present:
+                    continue
+                value = p
+                for k in path:
+                    value = g.call_function(operator.getitem, (value, k))
+                if isinstance(v, torch.Tensor):
+                    value = g.call_function(getattr, (value, "shape"))
+                g.call_function(torch._assert, (g.call_function(operator.eq, (value, want)), message))
+                checks += 1
+    out.recompile()
+    return checks
+
+
+def _sized_leaves(x, path: tuple):
+    """(path, value) of each tensor and int in an input, looking into lists, tuples and dicts."""
+    if isinstance(x, torch.Tensor) or type(x) is int:
+        yield path, x
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            yield from _sized_leaves(v, (*path, i))
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            yield from _sized_leaves(v, (*path, k))
 
 
 @dataclass(frozen=True)
