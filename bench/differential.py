@@ -72,6 +72,7 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
     estimates: list[int] = []  # fused_launches - Inductor's launches, per compiled graph
     optimus: list[tuple[int, int | None]] = []  # (optimus_egg's launches, Optimus's or None where it raised or was wrong)
     wrongs: list[bool] = []  # per program: Optimus's graph computes other values than the program
+    aliasing: list[bool] = []  # per program: Optimus's outputs alias the input where the program's do not
 
     def launches_of(g, x) -> int:  # with the backend's CPU kernel order, which the estimate counts
         return compile_inductor(g, [x], training=train, config_patches=KERNEL_ORDER).launches.total
@@ -102,14 +103,17 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
             flag += "  estimate off (input / egg / ablation: " + " / ".join(f"{d:+d}" for d in off) + ")"
         extra = ""
         if with_optimus:
-            n, wrong = optimus_row(gm, x, train)
+            n, wrong, aliases = optimus_row(gm, x, train)
             optimus.append((launches[1], None if wrong else n))
             wrongs.append(wrong)
+            aliasing.append(aliases and not wrong)
             extra = f" Optimus {n if n is not None else '-':>3}"
             if wrong:
                 flag += "  Optimus computes other values"
             elif n is None or n < launches[1]:
                 flag += "  Optimus raised" if n is None else "  Optimus fewer"
+            if aliases:
+                flag += "  Optimus's outputs alias the input"
         print(f"cost egg {cost_egg:8.3f} ablation {cost_greedy:8.3f}   launches input {launches[0]:3d} "
               f"egg {launches[1]:3d} ablation {launches[2]:3d}{extra}{flag}", flush=True)
         if flag:
@@ -127,31 +131,36 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
               f"{estimates.count(0)}, over on {sum(d > 0 for d in estimates)}, under on {sum(d < 0 for d in estimates)}")
     if with_optimus:
         ran = [(e, o) for e, o in optimus if o is not None]
+        more_aliasing = sum(e > o for (e, o), a in zip(optimus, aliasing) if o is not None and a)
         print(f"PyTorch's Optimus on the {len(optimus)} compiled programs: raised on {len(optimus) - len(ran) - sum(wrongs)}, "
               f"other values than the program on {sum(wrongs)} (both left out); "
               f"optimus_egg fewer launches on {sum(e < o for e, o in ran)}, equal on {sum(e == o for e, o in ran)}, "
-              f"more on {sum(e > o for e, o in ran)}; launches in all {sum(e for e, _ in ran)} vs {sum(o for _, o in ran)}")
+              f"more on {sum(e > o for e, o in ran)} ({more_aliasing} of them where Optimus's outputs alias the input, "
+              f"which optimus_egg copies); launches in all {sum(e for e, _ in ran)} vs {sum(o for _, o in ran)}")
 
 
-def optimus_row(gm: fx.GraphModule, x: torch.Tensor, train: bool = False) -> tuple[int | None, bool]:
-    """PyTorch's Optimus on program `gm`: its launches (None where its passes raised) and
-    whether its graph computes other values than the program (checked where the program draws
-    nothing random)."""
+def optimus_row(gm: fx.GraphModule, x: torch.Tensor, train: bool = False) -> tuple[int | None, bool, bool]:
+    """PyTorch's Optimus on program `gm`: its launches (None where its passes raised), whether
+    its graph computes other values than the program (checked where the program draws nothing
+    random), and whether its outputs alias the input where the program's do not
+    (measure.aliased_outputs: optimus_egg copies such outputs, a launch each)."""
     from optimus_egg.baselines import inductor_with_optimus
     from optimus_egg.from_fx import draws_random
-    from optimus_egg.measure import compile_inductor, values_match
+    from optimus_egg.measure import aliased_outputs, compile_inductor, values_match
 
     try:
         c = compile_inductor(inductor_with_optimus(gm, [x], post_grad=train), [x], training=train)
     except Exception as e:  # noqa: BLE001 (Optimus's passes are not optimus_egg's to fix: count, go on)
         print(f"    Optimus raised {type(e).__name__}: {str(e)[:120]}", flush=True)
-        return None, False
+        return None, False, False
+    with torch.no_grad():
+        xo, xe = x.clone(), x.clone()
+        theirs, eager = c.fn(xo), gm(xe)
+    aliases = aliased_outputs(theirs, [xo]) > aliased_outputs(eager, [xe])
     modules = dict(gm.named_modules())
     if any(draws_random(n, modules) for n in gm.graph.nodes):
-        return c.launches.total, False
-    with torch.no_grad():
-        wrong = not values_match(c.fn(x.clone()), gm(x.clone()), equal_nan=True)
-    return c.launches.total, wrong
+        return c.launches.total, False, aliases
+    return c.launches.total, not values_match(theirs, eager, equal_nan=True), aliases
 
 
 def main() -> None:

@@ -194,9 +194,30 @@ def test_differential_flags_optimus_computing_other_values():
         return torch.stack(torch.unbind(x.reshape(-1, 5, 4), 1), 0)
 
     x = torch.randn(2, 20)
-    launches, wrong = differential.optimus_row(fx.symbolic_trace(swapped), x)
+    launches, wrong, _ = differential.optimus_row(fx.symbolic_trace(swapped), x)
     assert wrong and launches is not None
     assert differential.optimus_row(fx.symbolic_trace(in_order), x)[1] is False
+
+
+def test_differential_tells_where_optimus_returns_views_of_the_input():
+    """A split concatenated again: Optimus's graph returns the input itself, eager a fresh
+    tensor; optimus_egg copies it (pipeline.copy_new_aliases), and the differential says why
+    Optimus launches fewer there."""
+    import differential
+
+    from optimus_egg import optimize
+    from optimus_egg.measure import aliased_outputs
+
+    def rejoined(x):
+        return torch.cat(torch.split(x, 2, dim=1), 1)
+
+    x = torch.randn(3, 8)
+    gm = fx.symbolic_trace(rejoined)
+    launches, wrong, aliases = differential.optimus_row(gm, x)
+    assert launches == 0 and not wrong and aliases
+    out = optimize(gm, [x])
+    assert out.meta["optimus_egg"].copied_outputs == 1 and aliased_outputs(out(x), [x]) == 0
+    torch.testing.assert_close(out(x), x, rtol=0, atol=0)
 
 
 def test_differential_leaves_out_a_program_eager_cannot_train():

@@ -60,6 +60,7 @@ from hypothesis import HealthCheck, Phase, assume, event, example, given, note, 
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import optimus_egg
+from optimus_egg.measure import aliased_outputs
 from optimus_egg.testing import fired
 
 EXAMPLES = int(os.environ.get("OPTIMUS_EGG_FUZZ_EXAMPLES", "150"))
@@ -598,6 +599,13 @@ def make_input(prog):
     return x
 
 
+def _aliases(gm, x) -> int:
+    x = x.clone()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return aliased_outputs(gm(x), [x])
+
+
 def run(gm, x):
     """Outputs, and the input after the call (a graph may write into it through a view)."""
     x = x.clone()
@@ -658,6 +666,8 @@ def test_random_graph_optimizes_to_same_values(prog):
     torch.testing.assert_close(run(out, x), run(gm, x), rtol=1e-4, atol=1e-5, equal_nan=True)
     # traced again (as torch.save and pickle do): the same calls, the same values
     torch.testing.assert_close(run(fx.symbolic_trace(out), x), run(out, x), rtol=0, atol=0, equal_nan=True)
+    # no output shares memory with the input or another output where eager's does not
+    assert _aliases(out, x) <= _aliases(gm, x)
 
 
 @settings(max_examples=max(1, EXAMPLES // 5), deadline=None, derandomize=DERANDOMIZE, database=None,

@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
+from torch.utils._pytree import tree_leaves
 
 from optimus_egg.shapes import is_shape_check
 
@@ -57,6 +58,7 @@ __all__ = [
     "interleaved_medians",
     "peak_rss_mb",
     "values_match",
+    "aliased_outputs",
 ]
 
 
@@ -504,3 +506,34 @@ def values_match(a: Any, b: Any, rtol: float | None = None, atol: float | None =
     except (AssertionError, TypeError, ValueError):
         return False
     return True
+
+
+def aliased_outputs(outputs: Any, inputs: Sequence[Any]) -> int:
+    """How many output tensors share memory (an element) with an input tensor or an earlier
+    output: a caller writing into one in place writes into the other. Pieces of one buffer
+    that do not overlap (an unbind's items) do not count. Eagerly a model's computed outputs
+    are fresh tensors; a rewrite that returns an input's view in place of one (Optimus's
+    split-cat passes do) changes that (optimus_egg copies such an output:
+    pipeline.copy_new_aliases)."""
+    seen = [t for t in tree_leaves(list(inputs)) if isinstance(t, torch.Tensor) and t.numel()]
+    count = 0
+    for t in tree_leaves(outputs):
+        if isinstance(t, torch.Tensor) and t.numel():
+            count += any(_share_memory(t, o) for o in seen)
+            seen.append(t)
+    return count
+
+
+def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do two tensors share an element of memory? Their byte offsets in one storage compared
+    exactly (spans, where their element sizes differ)."""
+    if a.device != b.device or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    if a.element_size() != b.element_size():
+        spans = [(t.storage_offset() * t.element_size(),
+                  (t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size())
+                 for t in (a, b)]
+        return spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
+    size = a.untyped_storage().nbytes() // a.element_size()
+    offsets = [torch.arange(size).as_strided(t.shape, t.stride(), t.storage_offset()).flatten() for t in (a, b)]
+    return bool(torch.isin(offsets[0], offsets[1]).any())

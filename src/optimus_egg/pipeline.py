@@ -23,13 +23,13 @@ import torch.fx as fx
 from torch.fx.graph_module import _copy_attr
 
 from optimus_egg import parts, worker
-from optimus_egg.extract.fusion_cost import fused_launches
+from optimus_egg.extract.fusion_cost import fused_launches, node_kind
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, elementwise_batched_linear, elementwise_linear,
                                              elementwise_matmul, launch_cost, scalar_gemm_price)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
-from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, from_fx
+from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, _returns_input, from_fx, is_mutation
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
 from optimus_egg.shapes import buffers_kept, check_inputs, guard_example_shapes, state_kept
@@ -62,6 +62,7 @@ class Report:
     parts: int = 1               # parts kept apart: stretches between state changes, bodies (parts.py)
     zero_grads: list[str] = field(default_factory=list)  # tensors given zero gradients by ops.keep_grads
     out_of_place: int = 0        # writes into fresh values made out-of-place before lowering (functional.py)
+    copied_outputs: int = 0      # outputs copied not to alias an input, a parameter or another output (copy_new_aliases)
     shape_checks: int = 0        # inputs the result checks against the example's shape (shapes.guard_example_shapes)
 
     def __str__(self) -> str:
@@ -84,6 +85,8 @@ class Report:
             lines.append(f"  in-place writes into fresh values made out-of-place: {self.out_of_place}")
         if self.kept_input:
             lines.append(f"  kept the input: {self.kept_input}")
+        if self.copied_outputs:
+            lines.append(f"  outputs copied so as not to alias what the input's did not: {self.copied_outputs}")
         if self.shape_checks:
             lines.append(f"  inputs checked against the example's shape on entry: {self.shape_checks}")
         if self.zero_grads:
@@ -278,6 +281,9 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
             if verify and result is not gm and not _same_values(gm, result, inputs):
                 raise RuntimeError("verify: the optimized graph's values differ from the input graph's")
             if result is not gm:
+                report.copied_outputs = copy_new_aliases(gm, result)
+                if report.launches_after is not None:
+                    report.launches_after += report.copied_outputs
                 report.shape_checks = guard_example_shapes(gm, result, inputs)
     except ValueError:
         raise
@@ -442,6 +448,76 @@ def _keep_zero_grads(gm: fx.GraphModule, out: fx.GraphModule, inputs, lost: tupl
     output.args = fx.node.map_aggregate(output.args, lambda _: next(at))
     out.recompile()
     return True
+
+
+_PIECES = {"getitem", "narrow", "select"}  # views of one piece: pieces apart do not overlap
+
+
+def _storage(n, modules: dict) -> tuple:
+    """Where n's value lies: (root, pieces), looking back through views, in-place writes and
+    calls that return their input (an eval dropout) to a graph input, a parameter or a
+    computed value (the root), with the piece taken at each getitem / narrow / select on the
+    way, outermost first."""
+    pieces: list = []
+    while isinstance(n, fx.Node) and n.op not in ("placeholder", "get_attr") and n.all_input_nodes:
+        if isinstance(n.kwargs.get("out"), fx.Node):
+            n = n.kwargs["out"]
+        elif node_kind(n, modules) == "view" or _returns_input(n, modules) or is_mutation(n, modules):
+            if _name(n.target) in _PIECES:
+                pieces.append(repr(n.args[1:]))
+            n = n.all_input_nodes[0]
+        else:
+            break
+    return n, tuple(reversed(pieces))
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    """Can two _storage places share memory? One root, and one's pieces a prefix of the other's."""
+    m = min(len(a[1]), len(b[1]))
+    return a[0] is b[0] and a[1][:m] == b[1][:m]
+
+
+def _leaf(place: tuple) -> bool:
+    return isinstance(place[0], fx.Node) and place[0].op in ("placeholder", "get_attr")
+
+
+def copy_new_aliases(gm: fx.GraphModule, out: fx.GraphModule) -> int:
+    """Copy each output of `out` (rewritten from `gm`) that may share memory with a graph
+    input, a parameter or an earlier output where gm's output in its place does not: a split
+    concatenated again is its input, and returned as it is, writing into the result in place
+    would write into the caller's input (eagerly it is a fresh tensor). Pieces of one batched
+    result (an unbind's items) do not overlap. Inductor's own passes never introduce such
+    aliases (remove_noop_ops). Returns the number of outputs copied."""
+    before, after = _flat_outputs(gm), _flat_outputs(out)
+    if len(before) != len(after):
+        raise RuntimeError("the optimized graph's outputs differ from the input's")
+    mods_before, mods_after = dict(gm.named_modules()), dict(out.named_modules())
+    kept: list[tuple[tuple, tuple]] = []  # (place in gm, place in out) of the outputs kept as they are
+    copy_at: set[int] = set()
+    for i, (b, a) in enumerate(zip(before, after)):
+        if not isinstance(a, fx.Node):
+            continue
+        pb = _storage(b, mods_before) if isinstance(b, fx.Node) else (None, ())
+        pa = _storage(a, mods_after)
+        if (_leaf(pa) and not _leaf(pb)) or any(_overlap(pa, qa) and not _overlap(pb, qb) for qb, qa in kept):
+            copy_at.add(i)
+        else:
+            kept.append((pb, pa))
+    if not copy_at:
+        return 0
+    output = next(n for n in out.graph.nodes if n.op == "output")
+    place = iter(range(len(after)))
+
+    def copied(a):
+        i = next(place)
+        if i not in copy_at:
+            return a
+        with out.graph.inserting_before(output):
+            return out.graph.call_function(torch.clone, (a,))
+
+    output.args = fx.node.map_aggregate(output.args, copied)
+    out.recompile()
+    return len(copy_at)
 
 
 def _flat_outputs(gm: fx.GraphModule) -> list:
