@@ -569,12 +569,6 @@ class _FirstHalf(nn.Module):
         return torch.relu(torch.chunk(x.reshape(rows, -1), 2, dim=0)[0])
 
 
-class _Normed(nn.Module):
-    def forward(self, x):
-        a, b = torch.chunk(x, 2, dim=1)
-        return torch.cat([nn.functional.layer_norm(a, (8,)), nn.functional.layer_norm(b, (8,))], 1)
-
-
 def _without_shape_checks(gm: fx.GraphModule) -> fx.GraphModule:
     g = copy.deepcopy(gm.graph)
     for n in [n for n in g.nodes if n.target is torch._assert]:
@@ -642,6 +636,12 @@ def test_the_shape_checks_look_into_a_list_input():
     assert _without_shape_checks(out)(other).shape != gm(other).shape  # what the checks stop
     with pytest.raises(AssertionError, match=r"input 'xs\[0\]' of shape \(4, 8\)"):
         out(other)
+
+
+class _Normed(nn.Module):
+    def forward(self, x):
+        a, b = torch.chunk(x, 2, dim=1)
+        return torch.cat([nn.functional.layer_norm(a, (8,)), nn.functional.layer_norm(b, (8,))], 1)
 
 
 def test_a_graph_with_shapes_of_its_own_gets_no_shape_checks():
