@@ -633,3 +633,37 @@ def test_post_grad_gemm_batching_stops_at_the_stacked_elements_limit(op):
         assert len(gemms) == (1 if batched else 2), (side, gated, gm.code)
         for got, want in zip(gm(*args), f(*args)):
             torch.testing.assert_close(got, want)
+
+
+class _Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ls = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        a, b = torch.chunk(x, 2, dim=1)
+        return torch.cat([lin(F.layer_norm(p, (8,))) for lin, p in zip(self.ls, (a, b))], 1)
+
+
+def test_aot_autograd_finds_the_static_inputs_as_for_dynamos_graph(monkeypatch):
+    """The optimized graph keeps what Dynamo recorded on its graph (optimize's
+    keep_capture_metadata): AOT autograd tells the parameters apart as static inputs, which
+    CUDA graphs keep in place, as it does for Dynamo's own graph; without it, none."""
+    import torch._functorch.aot_autograd as aot
+
+    found = []
+    real = aot._try_get_metadata_from_dynamo
+
+    def recorded(*args, **kwargs):
+        out = real(*args, **kwargs)
+        found.append(out[1])
+        return out
+
+    monkeypatch.setattr(aot, "_try_get_metadata_from_dynamo", recorded)
+    x = torch.randn(4, 16)
+    for backend in ("inductor", "optimus_egg"):
+        torch._dynamo.reset()
+        model = _Heads()
+        torch.testing.assert_close(torch.compile(model, backend=backend)(x), model(x))
+    plain, ours = found
+    assert plain == ours == [1, 2, 3, 4]  # x is input 0; the four parameters are static

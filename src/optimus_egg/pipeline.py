@@ -302,9 +302,33 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
         # "unsendable"): collect the cycles holding this call's before another thread does
         gc.collect()
     report.timings["total"] = time.perf_counter() - start
+    keep_capture_metadata(gm, result)
     result.meta["optimus_egg"] = report
     log.info("graph of %d FX nodes: %s", len(gm.graph.nodes), report)
     return result
+
+
+# What Dynamo records on its GraphModule besides its meta (torch/_dynamo/output_graph.py)
+_CAPTURE_ATTRS = ("_param_name_to_source", "_source_to_user_stacks", "compile_subgraph_reason", "_backend_id")
+
+
+def keep_capture_metadata(gm: fx.GraphModule, out: fx.GraphModule) -> None:
+    """Give `out` what the capture recorded on `gm` that `out` lacks: gm.meta (Dynamo's
+    `dynamo_compile_id` tells AOT autograd the graph is Dynamo's), Dynamo's attributes (the
+    parameters' sources) and each placeholder's `_dynamo_source`. From these AOT autograd
+    finds the static inputs (parameters), which CUDA graphs (mode="reduce-overhead") keep in
+    place instead of copying them in on each call."""
+    for k, v in gm.meta.items():
+        out.meta.setdefault(k, v)
+    for a in _CAPTURE_ATTRS:
+        if hasattr(gm, a) and not hasattr(out, a):
+            setattr(out, a, getattr(gm, a))
+    ours = [n for n in out.graph.nodes if n.op == "placeholder"]
+    theirs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(ours) == len(theirs):
+        for p, q in zip(theirs, ours):
+            if hasattr(p, "_dynamo_source") and not hasattr(q, "_dynamo_source"):
+                q._dynamo_source = p._dynamo_source
 
 
 # A lower bound on the first search iteration's seconds per FX node (measured on the bench's
