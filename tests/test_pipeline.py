@@ -644,6 +644,23 @@ class _Normed(nn.Module):
         return torch.cat([nn.functional.layer_norm(a, (8,)), nn.functional.layer_norm(b, (8,))], 1)
 
 
+class _Summed(nn.Module):
+    def forward(self, x, keep: bool, scale: float):
+        return x.sum(1, keepdim=keep) * scale
+
+
+def test_the_shape_checks_take_ints_and_bools_by_value_and_leave_floats():
+    """A bool may set a shape (`keepdim`); a float only scales values."""
+    from optimus_egg.shapes import guard_example_shapes
+
+    gm, x = fx.symbolic_trace(_Summed()), torch.randn(4, 8)
+    out = copy.deepcopy(gm)
+    assert guard_example_shapes(gm, out, [x, True, 2.0]) == 2
+    torch.testing.assert_close(out(x, True, 3.0), gm(x, True, 3.0))
+    with pytest.raises(AssertionError, match="input 'keep' of value True"):
+        out(x, False, 2.0)
+
+
 def test_a_graph_with_shapes_of_its_own_gets_no_shape_checks():
     """Dynamo and export graphs carry their shapes (symbolic where captured so), and their
     tracers guard them: no checks, and the result runs at every size the capture allows."""

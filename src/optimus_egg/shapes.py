@@ -192,7 +192,7 @@ def is_shape_check(n: fx.Node) -> bool:
 def guard_example_shapes(gm: fx.GraphModule, out: fx.GraphModule, inputs: list) -> int:
     """Make `out` (optimized from `gm` for `inputs`) check on entry each input whose shape came
     from the example inputs (a placeholder without a tracer's meta value: symbolic_trace)
-    against the example's shape, and each such int input against its value, looking into
+    against the example's shape, and each such int or bool input against its value, looking into
     lists, tuples and dicts: the rewrites are made for those sizes (a split's piece sizes, a
     batch's group layout), and at other sizes some would raise deep inside the graph and some
     would compute other values (a narrow of the example's piece length). Each check is a
@@ -229,8 +229,9 @@ def guard_example_shapes(gm: fx.GraphModule, out: fx.GraphModule, inputs: list) 
 
 
 def _sized_leaves(x, path: tuple):
-    """(path, value) of each tensor and int in an input, looking into lists, tuples and dicts."""
-    if isinstance(x, torch.Tensor) or type(x) is int:
+    """(path, value) of each tensor, int and bool in an input (a bool may set a shape:
+    `keepdim`), looking into lists, tuples and dicts."""
+    if isinstance(x, torch.Tensor) or type(x) in (int, bool):
         yield path, x
     elif isinstance(x, (list, tuple)):
         for i, v in enumerate(x):
