@@ -366,3 +366,14 @@ def test_graph_that_computes_but_compiles_to_no_code_is_refused(monkeypatch):
     gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
     with pytest.raises(RuntimeError, match="no wrapper code for a graph that computes"):
         compile_inductor(gm, [torch.randn(3, 4)])
+
+
+def test_aliased_outputs_counts_shared_elements_not_shared_storage():
+    from optimus_egg.measure import aliased_outputs
+
+    x, y = torch.randn(3, 4), torch.randn(2, 6)
+    assert aliased_outputs(list(y.unbind(0)), [x]) == 0  # rows of one buffer
+    assert aliased_outputs([y[:, 0::2], y[:, 1::2]], [x]) == 0  # interleaved columns
+    assert aliased_outputs([y, y[1]], [x]) == 1  # a row of an earlier output
+    assert aliased_outputs((x[:, 1:3], y), [x]) == 1  # a view of the input
+    assert aliased_outputs([x.clone(), y.double()], [x]) == 0

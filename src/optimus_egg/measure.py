@@ -525,11 +525,12 @@ def aliased_outputs(outputs: Any, inputs: Sequence[Any]) -> int:
 
 
 def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Do two tensors share an element of memory? Their byte offsets in one storage compared
-    exactly (spans, where their element sizes differ)."""
+    """Do two tensors share an element of memory? Their offsets in one storage compared
+    exactly; their spans, where their element sizes differ or the storage is over 2**24
+    elements (an over-count only where strided pieces interleave)."""
     if a.device != b.device or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    if a.element_size() != b.element_size():
+    if a.element_size() != b.element_size() or a.untyped_storage().nbytes() // a.element_size() > 2 ** 24:
         spans = [(t.storage_offset() * t.element_size(),
                   (t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size())
                  for t in (a, b)]
