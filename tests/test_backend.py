@@ -635,21 +635,12 @@ def test_post_grad_gemm_batching_stops_at_the_stacked_elements_limit(op):
             torch.testing.assert_close(got, want)
 
 
-class _Heads(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ls = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
-
-    def forward(self, x):
-        a, b = torch.chunk(x, 2, dim=1)
-        return torch.cat([lin(F.layer_norm(p, (8,))) for lin, p in zip(self.ls, (a, b))], 1)
-
-
 def test_aot_autograd_finds_the_static_inputs_as_for_dynamos_graph(monkeypatch):
     """The optimized graph keeps what Dynamo recorded on its graph (optimize's
     keep_capture_metadata): AOT autograd tells the parameters apart as static inputs, which
     CUDA graphs keep in place, as it does for Dynamo's own graph; without it, none."""
     import torch._functorch.aot_autograd as aot
+    from test_pipeline import _Heads  # (tests/ is on sys.path under pytest)
 
     found = []
     real = aot._try_get_metadata_from_dynamo
