@@ -651,6 +651,13 @@ def optimize_strict(gm, inputs):
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=DERANDOMIZE, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(prog=programs())
+# A linear's output overwritten by a piece of the input (`h.copy_(piece)`) and returned with
+# that piece: rewritten to the piece itself, wrapped in ops.keep_grads (which returns its
+# input's storage), the first output shared the input's memory; now it is copied.
+@example(prog={"n": 2, "d": 3, "b": 1, "steps": (("linear", "own", False, [0]), ("linear", "own", False, [0]),
+                                                 ("inplace", "direct_copy", 0)),
+               "split": "split", "out": "tuple", "tap": None, "block": None, "special": False,
+               "dtype": torch.float32, "seed": 0})
 def test_random_graph_optimizes_to_same_values(prog):
     note(f"program: {prog}")
     model = Program(prog).to(prog["dtype"]).eval()

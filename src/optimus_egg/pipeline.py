@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 from torch.fx.graph_module import _copy_attr
 
-from optimus_egg import parts, worker
+from optimus_egg import ops, parts, worker
 from optimus_egg.extract.fusion_cost import fused_launches, node_kind
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
@@ -479,14 +479,15 @@ _PIECES = {"getitem", "narrow", "select"}  # views of one piece: pieces apart do
 
 def _storage(n, modules: dict) -> tuple:
     """Where n's value lies: (root, pieces), looking back through views, in-place writes and
-    calls that return their input (an eval dropout) to a graph input, a parameter or a
+    calls that return their input (an eval dropout, keep_grads) to a graph input, a parameter or a
     computed value (the root), with the piece taken at each getitem / narrow / select on the
     way, outermost first."""
     pieces: list = []
     while isinstance(n, fx.Node) and n.op not in ("placeholder", "get_attr") and n.all_input_nodes:
         if isinstance(n.kwargs.get("out"), fx.Node):
             n = n.kwargs["out"]
-        elif node_kind(n, modules) == "view" or _returns_input(n, modules) or is_mutation(n, modules):
+        elif (node_kind(n, modules) == "view" or _returns_input(n, modules) or is_mutation(n, modules)
+              or n.target is ops.keep_grads):  # (its input's storage: ops.keep_grads)
             if _name(n.target) in _PIECES:
                 pieces.append(repr(n.args[1:]))
             n = n.all_input_nodes[0]
