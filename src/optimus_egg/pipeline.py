@@ -444,8 +444,6 @@ def _keep_zero_grads(gm: fx.GraphModule, out: fx.GraphModule, inputs, lost: tupl
     counterpart in gm a gradient reached them from is wrapped in `ops.keep_grads(y, *lost)`.
     False (out unchanged) for a graph of parts (its outputs are the parts') or outputs that do
     not line up."""
-    from optimus_egg.ops import keep_grads
-
     if reach is None or any(GRAD_REACH in n.meta for n in gm.graph.nodes):
         return False
     output = next(n for n in out.graph.nodes if n.op == "output")
@@ -465,7 +463,7 @@ def _keep_zero_grads(gm: fx.GraphModule, out: fx.GraphModule, inputs, lost: tupl
                     for name in names:
                         _copy_attr(gm, out, name)  # (out holds only what its graph reads)
                     leaves = [placeholders[i] for i in ins] + [out.graph.get_attr(name) for name in names]
-                    y = out.graph.call_function(keep_grads, (y, *leaves))
+                    y = out.graph.call_function(ops.keep_grads, (y, *leaves))
                 y.meta = dict(y.args[0].meta)
         wrapped.append(y)
     at = iter(wrapped)
