@@ -935,6 +935,34 @@ def test_a_rewrite_never_makes_an_output_alias_what_it_did_not():
     torch._dynamo.reset()
 
 
+def _fresh_rows(x):
+    y = torch.relu(x)
+    return y[1:2] + 0, y[0:2] + 0
+
+
+@pytest.mark.parametrize("views, copies", [
+    (lambda y: (torch.split(y, 1)[1], torch.split(y, 2)[0]), 1),  # row 1 in both
+    (lambda y: (y.narrow(0, 1, 1), y.narrow(0, 0, 2)), 1),
+    (lambda y: (y.select(0, 1).unsqueeze(0), y[0:2]), 1),
+    (lambda y: (y.narrow(0, 1, 1), y.narrow(0, 2, 2)), 0),        # rows 1 and 2-3
+    (lambda y: (y.unbind()[1].unsqueeze(0), y.unbind()[0].unsqueeze(0)), 0),
+])
+def test_outputs_made_views_of_one_value_are_copied_unless_provably_apart(views, copies):
+    """copy_new_aliases tells pieces of one computed value apart only where the views taken
+    prove it (two items of one split, two indices of one select, spans that do not meet):
+    pieces spelled differently may overlap (rows 0-1 of one split, row 1 of another) and are
+    copied. What it copies, and only that, shares memory that eager's outputs did not."""
+    from optimus_egg.measure import aliased_outputs
+    from optimus_egg.pipeline import copy_new_aliases
+
+    x = torch.randn(4, 3)
+    gm = fx.symbolic_trace(_fresh_rows)
+    out = fx.symbolic_trace(lambda x: views(torch.relu(x)))  # the outputs, rewritten to views of one value
+    shared = aliased_outputs(out(x), [x])
+    assert copy_new_aliases(gm, out) == copies == shared
+    assert calls(out, torch.clone) == copies and aliased_outputs(out(x), [x]) == aliased_outputs(gm(x), [x]) == 0
+
+
 def test_an_output_given_zero_gradients_may_be_modified_in_place():
     """keep_grads returns its input's storage, not a view made in a custom Function: an
     in-place update of the output is allowed where it was (torch.neg saves nothing for its

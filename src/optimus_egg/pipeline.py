@@ -472,32 +472,70 @@ def _keep_zero_grads(gm: fx.GraphModule, out: fx.GraphModule, inputs, lost: tupl
     return True
 
 
-_PIECES = {"getitem", "narrow", "select"}  # views of one piece: pieces apart do not overlap
-
-
 def _storage(n, modules: dict) -> tuple:
-    """Where n's value lies: (root, pieces), looking back through views, in-place writes and
-    calls that return their input (an eval dropout, keep_grads) to a graph input, a parameter or a
-    computed value (the root), with the piece taken at each getitem / narrow / select on the
-    way, outermost first."""
-    pieces: list = []
+    """Where n's value lies: (root, views), looking back through views, in-place writes and
+    calls that return their input (an eval dropout, keep_grads) to a graph input, a parameter or
+    a computed value (the root), with each view taken on the way (its op and its arguments
+    after the viewed tensor), outermost first."""
+    views: list = []
     while isinstance(n, fx.Node) and n.op not in ("placeholder", "get_attr") and n.all_input_nodes:
         if isinstance(n.kwargs.get("out"), fx.Node):
             n = n.kwargs["out"]
         elif (node_kind(n, modules) == "view" or _returns_input(n, modules) or is_mutation(n, modules)
               or n.target is ops.keep_grads):  # (its input's storage: ops.keep_grads)
-            if _name(n.target) in _PIECES:
-                pieces.append(repr(n.args[1:]))
+            if node_kind(n, modules) == "view" and not _returns_input(n, modules):
+                views.append((_name(n.target), n.args[1:], tuple(sorted(n.kwargs.items()))))
             n = n.all_input_nodes[0]
         else:
             break
-    return n, tuple(reversed(pieces))
+    return n, tuple(reversed(views))
 
 
-def _overlap(a: tuple, b: tuple) -> bool:
-    """Can two _storage places share memory? One root, and one's pieces a prefix of the other's."""
+_MAY_COPY = {"reshape", "flatten", "contiguous", "reshape_as"}  # a view where the strides allow, else a copy
+
+
+def _must_overlap(a: tuple, b: tuple) -> bool:
+    """Do two _storage places surely share memory? One root, one's views those the other
+    starts with, spelled alike, and none that may copy."""
     m = min(len(a[1]), len(b[1]))
-    return a[0] is b[0] and a[1][:m] == b[1][:m]
+    return (a[0] is b[0] and a[1][:m] == b[1][:m]
+            and not any(v[0] in _MAY_COPY for v in a[1] + b[1]))
+
+
+def _may_overlap(a: tuple, b: tuple) -> bool:
+    """Can two _storage places share memory? Unless their roots differ, or, at the first view
+    where they part, they take pieces that are provably apart (_apart)."""
+    if a[0] is not b[0]:
+        return False
+    for va, vb in zip(a[1], b[1]):
+        if va != vb:
+            return not _apart(va, vb)
+    return True
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _apart(va: tuple, vb: tuple) -> bool:
+    """Are two views of one value pieces without an element in common? Two items of a tuple of
+    pieces or two rows (getitem), two indices of one dim (select), two spans of one dim that do
+    not meet (narrow); counted from the same end, as the sizes are not known here. Anything
+    else may overlap."""
+    (name, args, kwargs), (name_b, args_b, kwargs_b) = va, vb
+    if name != name_b or kwargs or kwargs_b or len(args) != len(args_b):
+        return False
+    if name == "getitem" and len(args) == 1:
+        i, j = args[0], args_b[0]
+        return _int(i) and _int(j) and i != j and (i < 0) == (j < 0)
+    if name == "select" and len(args) == 2:
+        (d, i), (e, j) = args, args_b
+        return _int(i) and _int(j) and d == e and i != j and (i < 0) == (j < 0)
+    if name == "narrow" and len(args) == 3:
+        (d, s, n), (e, t, m) = args, args_b
+        return (d == e and all(_int(v) and v >= 0 for v in (s, n, t, m))
+                and (s + n <= t or t + m <= s))
+    return False
 
 
 def _leaf(place: tuple) -> bool:
@@ -522,7 +560,8 @@ def copy_new_aliases(gm: fx.GraphModule, out: fx.GraphModule) -> int:
             continue
         pb = _storage(b, mods_before) if isinstance(b, fx.Node) else (None, ())
         pa = _storage(a, mods_after)
-        if (_leaf(pa) and not _leaf(pb)) or any(_overlap(pa, qa) and not _overlap(pb, qb) for qb, qa in kept):
+        if (_leaf(pa) and not _leaf(pb)) or any(_may_overlap(pa, qa) and not _must_overlap(pb, qb)
+                                                 for qb, qa in kept):
             copy_at.add(i)
         else:
             kept.append((pb, pa))
