@@ -104,6 +104,17 @@ def test_kernel_order_script_end_to_end():
     assert all(loops <= order <= neither for neither, order, loops in counts.values()), counts
 
 
+def test_warm_start_script_end_to_end():
+    """bench/warm_start.py on the smallest model, one round: started again, the optimus_egg
+    backend loads its compiled graph from Inductor's cache as plain Inductor does."""
+    import warm_start
+
+    got = warm_start.run("parallel_mlp", repeat=1)
+    for arm in warm_start.ARMS:
+        assert got[arm]["caches"].get("fxgraph_cache_hit", 0) >= 1, got
+        assert not any("bypass" in k for k in got[arm]["caches"]), got
+
+
 @pytest.mark.parametrize("export", [False, True], ids=["backend", "export"])
 def test_dynamic_script_end_to_end(export):
     """bench/dynamic.py on the smallest model: the graph with a symbolic batch (the backend's

@@ -228,13 +228,14 @@ def test_backend_compiles_the_backward_without_the_post_grad_passes_when_inducto
     m, x = Parallel(), torch.randn(8, 96)
     ref = Parallel()
     ref.load_state_dict(m.state_dict())
-    loss = torch.compile(m, backend=optimus_egg.backend(budget_s=5.0, strict=strict))(x).square().sum()
-    if strict:
-        with pytest.raises(Exception, match="tuple index out of range"):
+    with config.patch(force_disable_caches=True):  # (a cached backward is loaded, not compiled)
+        loss = torch.compile(m, backend=optimus_egg.backend(budget_s=5.0, strict=strict))(x).square().sum()
+        if strict:
+            with pytest.raises(Exception, match="tuple index out of range"):
+                loss.backward()
+            return
+        with pytest.warns(RuntimeWarning, match="failed on the backward with optimus_egg's Inductor options"):
             loss.backward()
-        return
-    with pytest.warns(RuntimeWarning, match="failed on the backward with optimus_egg's Inductor options"):
-        loss.backward()
     assert backward_with_passes == [True, False]
     ref(x).square().sum().backward()
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
@@ -633,6 +634,38 @@ def test_post_grad_gemm_batching_stops_at_the_stacked_elements_limit(op):
         assert len(gemms) == (1 if batched else 2), (side, gated, gm.code)
         for got, want in zip(gm(*args), f(*args)):
             torch.testing.assert_close(got, want)
+
+
+def test_a_second_compile_loads_from_inductors_and_aot_autograds_caches(tmp_path, monkeypatch, caplog):
+    """As plain torch.compile: compiling a model again (another process, a reset Dynamo) loads
+    its forward and backward from Inductor's FX graph cache and AOT autograd's cache instead
+    of compiling them (each pass the backend adds has a uuid; optimus_egg's ops are marked
+    cacheable by their source), with the values and gradients of the first compile."""
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m, x = Parallel(), torch.randn(8, 96)
+    runs = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        counters.clear()
+        m.zero_grad()
+        with caplog.at_level(logging.INFO, logger="optimus_egg"):
+            out = torch.compile(m, backend="optimus_egg")(x)
+        out.sum().backward()
+        runs.append((out.detach(), [p.grad.clone() for p in m.parameters()],
+                     dict(counters["inductor"]), dict(counters["aot_autograd"])))
+    assert "(changed" in caplog.text  # the graph was rewritten (batched linears and norms)
+    (out1, grads1, inductor1, aot1), (out2, grads2, inductor2, aot2) = runs
+    assert inductor1.get("fxgraph_cache_miss") == 2 and aot1.get("autograd_cache_saved") == 1
+    assert inductor2.get("fxgraph_cache_hit") == 2 and aot2.get("autograd_cache_hit") == 1
+    assert "fxgraph_cache_bypass" not in inductor1 and "autograd_cache_bypass" not in aot1
+    torch.testing.assert_close(out2, out1)
+    for g2, g1 in zip(grads2, grads1):
+        torch.testing.assert_close(g2, g1)
 
 
 def test_aot_autograd_finds_the_static_inputs_as_for_dynamos_graph(monkeypatch):

@@ -31,9 +31,11 @@ every model of the bench zoo up to illustrative_1k.
 from __future__ import annotations
 
 import copy
+import hashlib
 import operator
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -573,19 +575,28 @@ def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loop
     leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`, `egg_post_grad`), with `mask_stores`
     saved bool masks stored as bytes (`mask_stores.MASK_STORES`); they apply to the backward
     graph too. Whatever the switches, body graphs' view results are copied
-    (`body_outputs.BODY_OUTPUTS`, a fix for Inductor, not a codegen choice)."""
+    (`body_outputs.BODY_OUTPUTS`, a fix for Inductor, not a codegen choice), and the ops of
+    `optimus_egg.ops` are marked cacheable (`ops.cacheable`). Each pass has a uuid, so
+    Inductor's and AOT autograd's caches work as for plain torch.compile."""
     from optimus_egg.body_outputs import BODY_OUTPUTS
     from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
     from optimus_egg.mask_stores import MASK_STORES
 
+    from torch._inductor import config
+
+    from optimus_egg import ops
+
     custom = [p for p, on in ((BODY_OUTPUTS, True), (GEMM_LOOPS, gemm_loops), (MASK_STORES, mask_stores)) if on]
     return {**(post_grad_patches(egg_post_grad(gemm_loops)) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
-            "post_grad_custom_post_pass": custom[0] if len(custom) == 1 else PostPasses(custom)}
+            "post_grad_custom_post_pass": PostPasses(custom),
+            "unsafe_marked_cacheable_functions": {**config.unsafe_marked_cacheable_functions, **ops.cacheable()}}
 
 
 class PostPasses(CustomGraphPass):
-    """Post-grad passes run in order from Inductor's one `post_grad_custom_post_pass` slot."""
+    """Post-grad passes run in order from Inductor's one `post_grad_custom_post_pass` slot. Its
+    uuid, which keys Inductor's FX graph cache, names each pass's and this file's source (the
+    post-grad batchings registered here run by name from `post_grad_fusion_options`)."""
 
     def __init__(self, passes: Sequence[CustomGraphPass]):
         self.passes = tuple(passes)
@@ -595,7 +606,8 @@ class PostPasses(CustomGraphPass):
             p(graph)
 
     def uuid(self) -> str:
-        return "+".join(str(p.uuid()) for p in self.passes)
+        source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        return "+".join([f"optimus_egg.baselines:{source}", *(str(p.uuid()) for p in self.passes)])
 
 
 def post_grad_patches(passes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -3,11 +3,16 @@ and Inductor trace through (each is one GEMM or one fused norm after lowering)."
 from __future__ import annotations
 
 import functools
+import hashlib
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function
 from torch.utils._pytree import tree_leaves
+
+
+_OPS: list = []  # the functions below, as FX graphs call them
 
 
 def _one_call_in_symbolic_trace(fn):
@@ -24,7 +29,17 @@ def _one_call_in_symbolic_trace(fn):
         return fn(*args, **kwargs)
 
     _import_in_written_code(op)
+    _OPS.append(op)
     return op
+
+
+def cacheable() -> dict[str, str]:
+    """Each op's qualified name -> this file's source hash, for Inductor's
+    `unsafe_marked_cacheable_functions`: AOT autograd's cache bypasses a graph calling a
+    function it does not know (a training graph recompiled from scratch in every process); so
+    marked, the cache key names the ops' source, and an edit here misses the cache."""
+    source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return {f"{fn.__module__}.{fn.__name__}": f"optimus_egg.ops:{source}" for fn in _OPS}
 
 
 def _import_in_written_code(fn) -> None:
