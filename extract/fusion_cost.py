@@ -284,7 +284,7 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
     if draws_random(n, modules):
         return "compute"
     if name in _FREE_TARGETS or name == "getitem" or name == "dropout":
-        return "compute" if shape_of is not None and name in _MAY_COPY and _layout_copy(n, modules, shape_of) else "view"
+        return "compute" if shape_of is not None and name in MAY_COPY and _layout_copy(n, modules, shape_of) else "view"
     if table in CPU_TABLES and name in INDEXING:
         return "compute"
     if (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name
@@ -294,7 +294,7 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
     return "compute"
 
 
-_MAY_COPY = {"reshape", "flatten", "contiguous", "reshape_as"}  # a view where the strides allow, else a copy
+MAY_COPY = {"reshape", "flatten", "contiguous", "reshape_as"}  # a view where the strides allow, else a copy
 _REORDERS = {"permute", "transpose", "t", "movedim", "swapaxes", "swapdims", "expand", "expand_as"}
 _CHAIN = _FREE_TARGETS | {"getitem", "dropout"}  # what a view chain passes through (an eval dropout returns its input)
 

@@ -23,7 +23,7 @@ import torch.fx as fx
 from torch.fx.graph_module import _copy_attr
 
 from optimus_egg import ops, parts, worker
-from optimus_egg.extract.fusion_cost import fused_launches, node_kind
+from optimus_egg.extract.fusion_cost import MAY_COPY, fused_launches, node_kind
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, elementwise_batched_linear, elementwise_linear,
@@ -491,15 +491,12 @@ def _storage(n, modules: dict) -> tuple:
     return n, tuple(reversed(views))
 
 
-_MAY_COPY = {"reshape", "flatten", "contiguous", "reshape_as"}  # a view where the strides allow, else a copy
-
-
 def _must_overlap(a: tuple, b: tuple) -> bool:
     """Do two _storage places surely share memory? One root, one's views those the other
     starts with, spelled alike, and none that may copy."""
     m = min(len(a[1]), len(b[1]))
     return (a[0] is b[0] and a[1][:m] == b[1][:m]
-            and not any(v[0] in _MAY_COPY for v in a[1] + b[1]))
+            and not any(v[0] in MAY_COPY for v in a[1] + b[1]))
 
 
 def _may_overlap(a: tuple, b: tuple) -> bool:
