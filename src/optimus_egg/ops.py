@@ -28,7 +28,6 @@ def _one_call_in_symbolic_trace(fn):
             return handle_torch_function(op, operands, *args, **kwargs)
         return fn(*args, **kwargs)
 
-    _import_in_written_code(op)
     _OPS.append(op)
     return op
 
@@ -40,16 +39,6 @@ def cacheable() -> dict[str, str]:
     marked, the cache key names the ops' source, and an edit here misses the cache."""
     source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     return {f"{fn.__module__}.{fn.__name__}": f"optimus_egg.ops:{source}" for fn in _OPS}
-
-
-def _import_in_written_code(fn) -> None:
-    """Register fn with FX's table of names it imports in the code it writes: a GraphModule
-    calling fn then works after GraphModule.to_folder (whose module.py otherwise has no import
-    for it) as well as from its in-memory code. The name is the one FX gives fn anyway."""
-    register = getattr(torch.fx.graph, "_register_custom_builtin", None)
-    if register is not None:  # a private table of torch.fx; without it, to_folder stays unusable
-        name = f"optimus_egg_ops_{fn.__name__}"
-        register(name, f"from optimus_egg.ops import {fn.__name__} as {name}", fn)
 
 
 @_one_call_in_symbolic_trace
