@@ -481,13 +481,13 @@ def _storage(n, modules: dict) -> tuple:
     while isinstance(n, fx.Node) and n.op not in ("placeholder", "get_attr") and n.all_input_nodes:
         if isinstance(n.kwargs.get("out"), fx.Node):
             n = n.kwargs["out"]
-        elif (node_kind(n, modules) == "view" or _returns_input(n, modules) or is_mutation(n, modules)
-              or n.target is ops.keep_grads):  # (its input's storage: ops.keep_grads)
-            if node_kind(n, modules) == "view" and not _returns_input(n, modules):
-                views.append((_name(n.target), n.args[1:], tuple(sorted(n.kwargs.items()))))
-            n = n.all_input_nodes[0]
-        else:
+            continue
+        view, same = node_kind(n, modules) == "view", _returns_input(n, modules)
+        if not (view or same or is_mutation(n, modules) or n.target is ops.keep_grads):  # (keep_grads: its input's storage)
             break
+        if view and not same:
+            views.append((_name(n.target), n.args[1:], tuple(sorted(n.kwargs.items()))))
+        n = n.all_input_nodes[0]
     return n, tuple(reversed(views))
 
 
