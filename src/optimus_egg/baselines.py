@@ -31,17 +31,15 @@ every model of the bench zoo up to illustrative_1k.
 from __future__ import annotations
 
 import copy
-import hashlib
 import operator
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch._dynamo.utils import counters
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -606,7 +604,7 @@ class PostPasses(CustomGraphPass):
             p(graph)
 
     def uuid(self) -> str:
-        source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        source = get_hash_for_files((__file__,)).hex()
         return "+".join([f"optimus_egg.baselines:{source}", *(str(p.uuid()) for p in self.passes)])
 
 

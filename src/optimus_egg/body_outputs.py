@@ -17,14 +17,12 @@ are unchanged.
 """
 from __future__ import annotations
 
-import hashlib
 import operator
-from pathlib import Path
 
 import torch
 from torch import fx
 from torch._dynamo.utils import counters
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from optimus_egg.gemm_loops import call_with_val
 
@@ -96,7 +94,7 @@ class BodyOutputs(CustomGraphPass):
         rewrite(graph)
 
     def uuid(self) -> str:
-        return "optimus_egg.body_outputs:" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        return "optimus_egg.body_outputs:" + get_hash_for_files((__file__,)).hex()
 
 
 BODY_OUTPUTS = BodyOutputs()

@@ -33,14 +33,12 @@ limit that stays a call; and the backend's post-grad GEMM batchings leave them a
 """
 from __future__ import annotations
 
-import hashlib
 import math
-from pathlib import Path
 
 import torch
 from torch import fx
 from torch._dynamo.utils import counters
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 MAX_MACS = 65536
 COUNTER = "gemm_as_loops"
@@ -164,7 +162,7 @@ class GemmLoops(CustomGraphPass):
         rewrite(graph, self.max_macs)
 
     def uuid(self) -> str:
-        source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        source = get_hash_for_files((__file__,)).hex()
         return f"optimus_egg.gemm_loops:{self.max_macs}:{source}"
 
 

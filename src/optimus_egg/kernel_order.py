@@ -27,13 +27,11 @@ warns and keeps the order it has.
 """
 from __future__ import annotations
 
-import hashlib
 import heapq
 import warnings
-from pathlib import Path
 from typing import Any
 
-from torch._inductor.custom_graph_pass import CustomSchedulerPass
+from torch._inductor.custom_graph_pass import CustomSchedulerPass, get_hash_for_files
 
 CODE, CALL, FREE = "code", "call", "free"
 
@@ -62,7 +60,7 @@ class KernelOrder(CustomSchedulerPass):
         return fewest_cpu_kernels(nodes)
 
     def uuid(self) -> str:
-        return f"optimus_egg.kernel_order:{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}"
+        return f"optimus_egg.kernel_order:{get_hash_for_files((__file__,)).hex()}"
 
 
 KERNEL_ORDER: dict[str, Any] = {"_post_fusion_custom_pass": KernelOrder(), "reorder_for_peak_memory": False}

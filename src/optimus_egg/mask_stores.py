@@ -18,13 +18,11 @@ graph asserts the strides of what it is given.
 """
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 
 import torch
 from torch import fx
 from torch._dynamo.utils import counters
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from optimus_egg.gemm_loops import call_with_val
 
@@ -69,7 +67,7 @@ class MaskStores(CustomGraphPass):
         rewrite(graph)
 
     def uuid(self) -> str:
-        return "optimus_egg.mask_stores:" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        return "optimus_egg.mask_stores:" + get_hash_for_files((__file__,)).hex()
 
 
 MASK_STORES = MaskStores()

@@ -3,8 +3,6 @@ and Inductor trace through (each is one GEMM or one fused norm after lowering)."
 from __future__ import annotations
 
 import functools
-import hashlib
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +35,9 @@ def cacheable() -> dict[str, str]:
     `unsafe_marked_cacheable_functions`: AOT autograd's cache bypasses a graph calling a
     function it does not know (a training graph recompiled from scratch in every process); so
     marked, the cache key names the ops' source, and an edit here misses the cache."""
-    source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    from torch._inductor.custom_graph_pass import get_hash_for_files
+
+    source = get_hash_for_files((__file__,)).hex()
     return {f"{fn.__module__}.{fn.__name__}": f"optimus_egg.ops:{source}" for fn in _OPS}
 
 
