@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from optimus_egg.gemm_loops import MAX_MACS
+from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, MAX_MACS
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
         "reshape"}  # as a template reshape (VIEW_TARGETS); it copies only where strides allow no view
@@ -72,10 +72,10 @@ def table_for(device_type: str, gemm_loops: bool = False) -> str:
 def table_of(inputs, gemm_loops: bool = False) -> str:
     """The table for a graph run on `inputs` (with its parameters, where given): their device's,
     "cpu" where they are on several; with `gemm_loops` LOOPS on CPU where every floating
-    tensor is float32 / float64, the dtypes the loops rewrite (gemm_loops.py)."""
+    tensor has a dtype the loops rewrite (gemm_loops.DTYPES)."""
     tensors = [x for x in inputs if hasattr(x, "device") and hasattr(x, "dtype")]
     devices = {x.device.type for x in tensors}
-    loops = gemm_loops and all(x.dtype in (torch.float32, torch.float64) for x in tensors if x.dtype.is_floating_point)
+    loops = gemm_loops and all(x.dtype in LOOP_DTYPES for x in tensors if x.dtype.is_floating_point)
     return table_for(devices.pop() if len(devices) == 1 else "cpu", loops)
 
 

@@ -20,11 +20,11 @@ def _gemms(gm: fx.GraphModule) -> list[str]:
     return [str(n.target) for n in gm.graph.nodes if n.target in GEMMS]
 
 
-def _program(x, w, b, xb, wb, bb, big, bf):
+def _program(x, w, b, xb, wb, bb, big, ints):
     small = [torch.mm(x, w), torch.addmm(b, x, w), torch.bmm(xb, wb), torch.baddbmm(bb, xb, wb)]
     kept = [torch.mm(big, big),                                  # 128 ** 3 multiply-adds: too many
             torch.addmm(b, x, w, alpha=2.0),                     # alpha != 1
-            torch.mm(bf, bf)]                                    # bfloat16
+            torch.mm(ints, ints)]                                # integers
     return small, kept
 
 
@@ -35,7 +35,7 @@ def _inputs(dtype=torch.float32):
         return torch.randn(*s, generator=g, dtype=dt)
 
     return (r(8, 16), r(16, 4), r(4), r(3, 8, 16), r(3, 16, 4), r(3, 1, 4), r(128, 128),
-            r(4, 4, dt=torch.bfloat16))
+            torch.randint(-3, 3, (4, 4), generator=g))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -49,6 +49,28 @@ def test_rewrites_the_small_gemms_only_and_keeps_their_values(dtype):
     gm.recompile()
     assert sorted(_gemms(gm)) == ["aten.addmm.default", "aten.mm.default", "aten.mm.default"]
     torch.testing.assert_close(gm(*inputs), before)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_gemms_are_multiplied_and_summed_in_float32(dtype):
+    """A bfloat16 / float16 GEMM's loops widen its operands to float32 and round the result
+    once, as the GEMM library accumulates: the values are float32's rounded, and no further from
+    float64's than the GEMM call's."""
+    inputs = _inputs(dtype)
+    gm = make_fx(_program, tracing_mode="fake")(*inputs)
+    before = gm(*inputs)
+    assert gemm_loops.rewrite(gm.graph) == 4
+    gm.graph.lint()
+    gm.recompile()
+    widened = [n for n in gm.graph.nodes if n.target is torch.ops.prims.convert_element_type.default]
+    assert len(widened) == 4 * 3  # two operands in, the result out
+    (got, _), (want, _) = gm(*inputs), before
+    exact, _ = _program(*(t.double() if t.is_floating_point() else t for t in inputs))
+    as_float32, _ = _program(*(t.float() if t.is_floating_point() else t for t in inputs))
+    for g, w, e, f in zip(got, want, exact, as_float32):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g, f.to(dtype), rtol=2 ** -7, atol=1e-3)
+        assert (g.double() - e).abs().max() <= (w.double() - e).abs().max() + 1e-3
 
 
 def test_limit_is_in_multiply_adds():
@@ -99,6 +121,40 @@ def test_backend_compile_launches_fewer_with_the_same_values(training):
             torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_bfloat16_backend_compile_launches_fewer_and_rounds_no_worse(training):
+    """In bfloat16 the loops save the same launches, and their values (and gradients) are no
+    further from float64's than the GEMM calls' (plain Inductor's compile of the same graph)."""
+    torch.manual_seed(0)
+    exact_model, x64 = _Experts().double().train(training), torch.randn(32, 16, dtype=torch.float64)
+    model, x = _Experts().to(torch.bfloat16).train(training), x64.to(torch.bfloat16)
+    model.load_state_dict(exact_model.state_dict())
+    with torch.set_grad_enabled(training):
+        exact = exact_model(x64)
+    if training:
+        exact.sum().backward()
+    gm = fx.symbolic_trace(model)
+    results = {}
+    for on in (False, True):
+        counters["inductor"][gemm_loops.COUNTER] = 0
+        c = compile_inductor(gm, [x], training=training, config_patches=backend_patches(gemm_loops=on))
+        assert (counters["inductor"][gemm_loops.COUNTER] > 0) == on
+        model.zero_grad()
+        with torch.set_grad_enabled(training):
+            out = c.fn(x)
+        if training:
+            out.float().sum().backward()
+        assert out.dtype == torch.bfloat16
+        errors = [(out.double() - exact).abs().max()]
+        errors += [(p.grad.double() - q.grad).abs().max() for p, q in zip(model.parameters(), exact_model.parameters())
+                   if training]
+        results[on] = (c.launches, errors)
+    (calls, call_errors), (loops, loop_errors) = results[False], results[True]
+    assert loops.extern < calls.extern and loops.total < calls.total
+    for got, bound in zip(loop_errors, call_errors):
+        assert got <= 1.5 * bound + 2e-2, (loop_errors, call_errors)
+
+
 def test_pass_has_a_stable_cache_key():
     assert gemm_loops.GemmLoops().uuid() == gemm_loops.GEMM_LOOPS.uuid()
     assert gemm_loops.GemmLoops(1024).uuid() != gemm_loops.GEMM_LOOPS.uuid()
@@ -131,11 +187,12 @@ def test_loops_table_prices_gemms_up_to_the_limit_as_code():
     assert lc.table_for("cuda", gemm_loops=True) == "cpu"  # CPU-only pass; no GPU table
     assert lc.table_of([torch.zeros(1)], gemm_loops=True) == lc.LOOPS
     assert lc.table_of([torch.zeros(1)]) == "cpu"
-    assert lc.table_of([torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16)], gemm_loops=True) == "cpu"  # not rewritten
+    assert lc.table_of([torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16)], gemm_loops=True) == lc.LOOPS
+    assert lc.table_of([torch.zeros(1, dtype=torch.float8_e4m3fn)], gemm_loops=True) == "cpu"  # not rewritten
     assert lc.table_of([torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.int64)], gemm_loops=True) == lc.LOOPS
-    wide = fx.symbolic_trace(_Wide(4))  # a graph's parameters count: bfloat16 weights keep the CPU table
+    wide = fx.symbolic_trace(_Wide(4))  # a graph's parameters count: float8 weights keep the CPU table
     assert lc.graph_table(wide, [torch.zeros(2, 4)], gemm_loops=True) == lc.LOOPS
-    assert lc.graph_table(fx.symbolic_trace(_Wide(4).to(torch.bfloat16)), [torch.zeros(2, 4)], gemm_loops=True) == "cpu"
+    assert lc.graph_table(fx.symbolic_trace(_Wide(4).to(torch.float8_e4m3fn)), [torch.zeros(2, 4)], gemm_loops=True) == "cpu"
     at_limit = (gemm_loops.MAX_MACS // (16 * 16), 16)  # x [M, 16] @ w.T [16, 16]: MAX_MACS exactly
     over = (at_limit[0] + 1, 16)
     for bias in (False, True):

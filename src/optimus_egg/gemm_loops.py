@@ -7,9 +7,11 @@ GEMM is cheaper written as what it is, a broadcast multiply and a sum over K, wh
 generates as C++ code and fuses with its neighbours: the launch goes, and with it the call
 overhead that dominates a GEMM of a few thousand multiply-adds. This pass rewrites, in the
 ATen graph Inductor compiles (forward and backward, after any post-grad batching), each GEMM
-of at most MAX_MACS multiply-adds whose operands are float32 / float64 CPU tensors of static
+of at most MAX_MACS multiply-adds whose operands are CPU tensors of one of DTYPES and static
 shape, beta and alpha 1, and whose loops vectorize (`vectorizes`). Every other GEMM stays an
-extern call.
+extern call. bfloat16 and float16 operands are widened to float32, multiplied and summed, and
+the result rounded once, as the GEMM library accumulates them (rounding each product would
+lose precision the call keeps).
 
 Inductor vectorizes the loops of A [M, K] @ B [K, N] along N where B's rows are contiguous, or
 along K where A's rows and B's columns are; otherwise they run scalar. Inductor reads through
@@ -42,9 +44,11 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 MAX_MACS = 65536
 COUNTER = "gemm_as_loops"
-_DTYPES = (torch.float32, torch.float64)
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 aten = torch.ops.aten
+prims = torch.ops.prims
+_WIDENED = (torch.bfloat16, torch.float16)  # multiplied and summed in float32 (module doc)
 # target -> index of its first GEMM operand (1 where a bias comes first)
 _GEMMS = {aten.mm.default: 0, aten.bmm.default: 0, aten.addmm.default: 1, aten.baddbmm.default: 1}
 
@@ -59,8 +63,8 @@ def written_as_loops(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
 
 
 def small_gemm(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
-    """Is `node` a GEMM of at most `max_macs` multiply-adds on float CPU tensors of static
-    shape, beta and alpha 1 (the loops' operands, whatever their layout)?"""
+    """Is `node` a GEMM of at most `max_macs` multiply-adds on CPU tensors of one of DTYPES and
+    static shape, beta and alpha 1 (the loops' operands, whatever their layout)?"""
     first = _GEMMS.get(node.target)
     if first is None or len(node.args) != first + 2:
         return False
@@ -71,7 +75,7 @@ def small_gemm(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
         return False
     a, b = vals[first], vals[first + 1]
     dtypes = {v.dtype for v in vals}
-    if len(dtypes) != 1 or dtypes.pop() not in _DTYPES:
+    if len(dtypes) != 1 or dtypes.pop() not in DTYPES:
         return False
     if any(v.device.type != "cpu" for v in vals):
         return False
@@ -136,13 +140,18 @@ def rewrite(graph: fx.Graph, max_macs: int = MAX_MACS) -> int:
         first = _GEMMS[node.target]
         a, b = node.args[first], node.args[first + 1]
         k = _val(a).dim() - 1  # the K dim of a; b's K dim is k - 1
+        dtype = _val(a).dtype
         with graph.inserting_before(node):
+            if dtype in _WIDENED:
+                a, b = (call_with_val(graph, prims.convert_element_type.default, (x, torch.float32)) for x in (a, b))
             a_k1 = call_with_val(graph, aten.unsqueeze.default, (a, k + 1))
             b_1k = call_with_val(graph, aten.unsqueeze.default, (b, k - 1))
             prod = call_with_val(graph, aten.mul.Tensor, (a_k1, b_1k))
             out = call_with_val(graph, aten.sum.dim_IntList, (prod, [k]))
             if first:
                 out = call_with_val(graph, aten.add.Tensor, (out, node.args[0]))
+            if dtype in _WIDENED:
+                out = call_with_val(graph, prims.convert_element_type.default, (out, dtype))
         # provenance only: the GEMM's tensor_meta (strides) need not hold for the sum
         out.meta.update({key: node.meta[key] for key in ("stack_trace", "nn_module_stack", "seq_nr") if key in node.meta})
         node.replace_all_uses_with(out)
