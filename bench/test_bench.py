@@ -104,6 +104,17 @@ def test_kernel_order_script_end_to_end():
     assert all(loops <= order <= neither for neither, order, loops in counts.values()), counts
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gemm_loops_script_end_to_end(dtype):
+    """bench/gemm_loops.py on mmoe, inference, two rounds: values checked (in
+    bfloat16 against float64), and the loops take launches down from the arm without them."""
+    import gemm_loops
+
+    ok, launches = gemm_loops.run("mmoe", False, rounds=2, dtype=dtype)
+    assert ok
+    assert launches["optimus_egg"] < launches["no loops"], launches
+
+
 def test_warm_start_script_end_to_end():
     """bench/warm_start.py on the smallest model, one round: started again, the optimus_egg
     backend loads its compiled graph from Inductor's cache as plain Inductor does."""

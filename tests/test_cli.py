@@ -14,6 +14,20 @@ def test_compare_smoke_runs_every_arm_and_values_match(capsys):
     assert "1 torch thread" in out
 
 
+def test_compare_in_bfloat16_checks_values_against_float64(capsys, tmp_path):
+    code = main(["compare", "--model", "parallel_mlp", "--rounds", "2", "--dtype", "bfloat16",
+                 "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "on cpu, bfloat16" in out and "DIFFER" not in out
+    from optimus_egg import bench
+
+    rows = bench.read_results(tmp_path)
+    assert (tmp_path / "parallel_mlp_bf16.csv").exists() and {r["dtype"] for r in rows} == {"bfloat16"}
+    by = {r["arm"]: r for r in rows}
+    assert int(by["optimus_egg@1s"]["launches"]) < int(by["inductor"]["launches"])
+
+
 @pytest.mark.parametrize("argv,loops", [
     (["compare"], True), (["compare", "--no-gemm-loops"], False),
     (["bench", "--models", "dlrm"], True), (["bench", "--models", "dlrm", "--no-gemm-loops"], False),
@@ -45,6 +59,7 @@ def test_gemm_loops_reach_the_bench_as_the_backend_default(argv, loops, monkeypa
     ["compare", "--model", "no_such_model"],
     ["bench"],
     ["bench", "--models", "no_such_model"],
+    ["compare", "--dtype", "float8"],
 ])
 def test_bad_arguments_exit_nonzero(argv, capsys):
     with pytest.raises(SystemExit) as e:

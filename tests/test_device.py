@@ -62,11 +62,13 @@ def test_cli_device_cuda_without_cuda_exits_nonzero(argv, capsys):
     assert "torch.cuda.is_available() is False" in capsys.readouterr().err
 
 
-def test_result_stem_keeps_cpu_and_cuda_apart():
+def test_result_stem_keeps_devices_and_dtypes_apart():
     assert bench.result_stem("dlrm", False) == "dlrm"
     assert bench.result_stem("dlrm", True, "cpu") == "dlrm_train"
     assert bench.result_stem("dlrm", False, "cuda") == "dlrm_cuda"
     assert bench.result_stem("dlrm", True, "cuda") == "dlrm_train_cuda"
+    assert bench.result_stem("dlrm", True, "cpu", "bfloat16") == "dlrm_train_bf16"
+    assert bench.result_stem("dlrm", False, "cuda", "float16") == "dlrm_cuda_fp16"
 
 
 def _rows(model: str, launches: dict[str, int], **extra: object) -> list[dict]:
@@ -107,6 +109,19 @@ def test_old_csvs_render_as_cpu_and_cuda_rows_get_their_own_table(tmp_path):
     out = io.StringIO()
     bench.print_table(gpu, out)
     assert "on cuda" in out.getvalue()
+
+
+def test_low_precision_rows_get_their_own_table(tmp_path):
+    _write_csv(tmp_path / "dlrm.csv", _rows("dlrm", {"inductor": 16, "optimus": 16}), bench.COLUMNS)
+    _write_csv(tmp_path / "dlrm_bf16.csv", _rows("dlrm", {"inductor": 15, "optimus": 14}, dtype="bfloat16"),
+               bench.COLUMNS)
+    section = bench.render_readme_section(bench.read_results(tmp_path), tmp_path)
+    f32, bf16 = section.split("**Inference, bfloat16**", 1)
+    assert "| dlrm | 37 | 16 | 16 |" in f32 and "| dlrm | 37 | 15 | 14 |" not in f32
+    assert "| dlrm | 37 | 15 | 14 |" in bf16 and "--dtype bfloat16" in bf16
+    out = io.StringIO()
+    bench.print_table(_rows("dlrm", {"inductor": 15}, dtype="bfloat16"), out)
+    assert "on cpu, bfloat16" in out.getvalue()
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

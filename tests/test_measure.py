@@ -19,6 +19,7 @@ from optimus_egg.measure import (
     kernel_launches,
     median_ms,
     peak_rss_mb,
+    rounds_no_worse,
     values_match,
 )
 
@@ -304,6 +305,27 @@ def test_values_match():
     assert not values_match(t, t.to(torch.float64))
     assert not values_match(t, None)
     assert values_match({"a": t, "b": None}, {"a": t.clone(), "b": None})
+
+
+def test_rounds_no_worse_measures_against_float64():
+    """A low-precision result passes when no further from the float64 one than twice eager's
+    distance plus one rounding step; further, NaN, another shape or another int fails."""
+    exact = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    eager = (exact + torch.tensor([0.01, 0.0, -0.01], dtype=torch.float64)).to(torch.bfloat16)
+    step = torch.finfo(torch.bfloat16).eps * 3
+    eager_off = float((eager.double() - exact).abs().max())
+    near = (exact + 2 * eager_off).to(torch.bfloat16)
+    assert rounds_no_worse(exact.to(torch.bfloat16), eager, exact)
+    assert rounds_no_worse(eager, eager, exact)
+    assert rounds_no_worse([near, 3], [eager, 3], (exact, 3))  # nested; ints equal
+    far = exact + 2 * eager_off + 2 * step + 0.05
+    assert not rounds_no_worse(far.to(torch.bfloat16), eager, exact)
+    assert not rounds_no_worse(torch.tensor([1.0, float("nan"), 3.0], dtype=torch.bfloat16), eager, exact)
+    assert not rounds_no_worse(exact[:2].to(torch.bfloat16), eager, exact)
+    assert not rounds_no_worse([eager, 4], [eager, 3], [exact, 3])
+    assert not rounds_no_worse([eager], [eager, eager], [exact, exact])
+    idx = torch.tensor([0, 2])
+    assert rounds_no_worse(idx, idx, idx) and not rounds_no_worse(idx + 1, idx, idx)
 
 
 def test_peak_rss_mb():

@@ -35,6 +35,12 @@ then traces, optimizes and compiles there (Inductor writes Triton kernels). Laun
 then counted twice: in the generated wrapper code as on CPU (``launches``), and as the CUDA
 kernels one timed call really launched (``profiled_launches``, torch.profiler; blank on
 CPU). Results go to ``<model>[_train]_cuda.csv`` next to the CPU ones.
+
+``dtype="bfloat16"`` (or ``"float16"``) converts the model's parameters and floating inputs
+before tracing. Eager in that dtype rounds differently from any compile, so each arm's
+values (and gradients) are checked against the same model run in float64 from the rounded
+weights: no further from those than twice eager's own distance plus one rounding step
+(``measure.rounds_no_worse``). Results go to ``<model>[_train]_bf16.csv`` (``_fp16``).
 """
 from __future__ import annotations
 
@@ -60,12 +66,14 @@ from optimus_egg.measure import _tensors
 __all__ = [
     "COLUMNS",
     "DEVICES",
+    "DTYPES",
     "GREEDY_RULES",
     "default_models",
     "BIG_MODEL",
     "check_device",
     "device_info",
     "device_of",
+    "dtype_of",
     "run_model",
     "run_optimize_only",
     "print_table",
@@ -89,9 +97,10 @@ VALUE_TOL = dict(rtol=1e-4, atol=1e-4)
 GRAD_TOL = dict(rtol=1e-3, atol=1e-4)
 
 DEVICES = ("cpu", "cuda")
+DTYPES = {"float32": "", "bfloat16": "bf16", "float16": "fp16"}  # name -> results-file suffix
 
 COLUMNS = [
-    "family", "model", "mode", "device", "device_name", "arm", "budget", "fx_nodes",
+    "family", "model", "mode", "device", "device_name", "dtype", "arm", "budget", "fx_nodes",
     "launches", "extern", "kernels", "profiled_launches", "pred_launches",
     "optimize_s", "compile_s", "total_compile_s", "median_ms", "ratio", "launch_ratio",
     "peak_rss_mb", "egraph_nodes", "iterations", "stop_reason", "cost_before", "cost_after",
@@ -119,6 +128,12 @@ def check_device(device: str) -> None:
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
         raise ValueError(f"device 'cuda' asked for, but torch.cuda.is_available() is False "
                          f"(torch {torch.__version__}, {build})")
+
+
+def check_dtype(dtype: str) -> None:
+    """Raise ValueError unless ``dtype`` names one of DTYPES."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
 def device_info(device: str) -> dict[str, Any]:
@@ -194,14 +209,26 @@ def _run_and_grads(fn, inputs, params: dict[str, torch.nn.Parameter], train: boo
     return _detach(out), grads
 
 
-def traced_with_reference(name: str, train: bool):
-    """A bench model in `train` mode, its symbolic_trace graph (same mode), its parameters, and
-    its eager outputs and gradients (`_run_and_grads`): (model, inputs, gm, params, expected,
-    expected_grads)."""
+def exact_reference(model: torch.nn.Module, inputs: Sequence[Any], train: bool):
+    """`model`'s outputs and gradients (`_run_and_grads`) computed in float64 from its own
+    (rounded) parameters and inputs: what a low-precision run is measured against."""
+    import copy
+
+    exact = copy.deepcopy(model).double()
+    wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+    return _run_and_grads(exact, wide, dict(exact.named_parameters()), train)
+
+
+def traced_with_reference(name: str, train: bool, dtype: str = "float32"):
+    """A bench model in `train` mode (and `dtype`: its parameters and floating inputs), its
+    symbolic_trace graph (same mode), its parameters, and its eager outputs and gradients
+    (`_run_and_grads`): (model, inputs, gm, params, expected, expected_grads)."""
     from optimus_egg.models import build
 
+    check_dtype(dtype)
     model, inputs = build(name)
-    model.train(train)
+    model.train(train).to(getattr(torch, dtype))
+    inputs = tuple(x.to(getattr(torch, dtype)) if x.is_floating_point() else x for x in inputs)
     gm = fx.symbolic_trace(model)
     gm.train(train)
     params = dict(model.named_parameters())
@@ -209,21 +236,35 @@ def traced_with_reference(name: str, train: bool):
     return model, inputs, gm, params, expected, expected_grads
 
 
-def matches_eager(fn, inputs, params: dict, expected, expected_grads: dict, train: bool) -> bool:
+def matches_eager(fn, inputs, params: dict, expected, expected_grads: dict, train: bool, exact=None) -> bool:
     """Whether `fn`'s values (and, when training, every parameter's gradient) equal the eager
-    reference of `traced_with_reference`."""
-    from optimus_egg.measure import values_match
-
+    reference of `traced_with_reference` (in a low precision: as `check_values` measures them
+    against `exact`, from `exact_reference`)."""
     got, grads = _run_and_grads(fn, inputs, params, train)
-    return values_match(got, expected, **VALUE_TOL) and (not train or _grads_match(grads, expected_grads))
+    match, gmatch = check_values(got, grads, expected, expected_grads, train, exact)
+    return match and (not train or gmatch)
 
 
-def _grads_match(got: dict, expected: dict) -> bool:
-    from optimus_egg.measure import values_match
+def check_values(got, grads: dict, expected, expected_grads: dict, train: bool, exact=None) -> tuple[bool, Any]:
+    """(values match, gradients match or "" when not training) of an arm's run against eager's:
+    equal within VALUE_TOL / GRAD_TOL, or, given `exact` (float64 outputs and gradients of a
+    low-precision model, `exact_reference`), no further from those than eager
+    (`measure.rounds_no_worse`)."""
+    from optimus_egg.measure import rounds_no_worse, values_match
 
-    if got.keys() != expected.keys():
-        return False
-    return all(values_match(got[k], expected[k], **GRAD_TOL) for k in expected)
+    if exact is None:
+        def same(a, b, e, tol):
+            return values_match(a, b, **tol)
+        exact_out, exact_grads = expected, expected_grads
+    else:
+        def same(a, b, e, tol):
+            return rounds_no_worse(a, b, e)
+        exact_out, exact_grads = exact
+    match = same(got, expected, exact_out, VALUE_TOL)
+    if not train:
+        return match, ""
+    return match, grads.keys() == expected_grads.keys() == exact_grads.keys() and all(
+        same(grads[k], expected_grads[k], exact_grads[k], GRAD_TOL) for k in expected_grads)
 
 
 def _fmt_counters(counts: dict[str, int]) -> str:
@@ -359,6 +400,7 @@ def run_model(
     model_kw: dict | None = None,
     device: str = "cpu",
     gemm_loops: bool = True,
+    dtype: str = "float32",
 ) -> list[dict]:
     """Run model ``name`` under every arm, one process, and return one row per arm.
 
@@ -368,7 +410,8 @@ def run_model(
     ``out`` (default: sys.stdout at call time) unless ``quiet``. ``device`` is "cpu" or
     "cuda" (ValueError when CUDA is not available); on cuda each arm's timed call is also
     profiled (``profiled_launches``). The optimus_egg and greedy-rules arms are optimized and
-    compiled as the backend does, with its ``gemm_loops`` (default) or without.
+    compiled as the backend does, with its ``gemm_loops`` (default) or without. ``dtype``
+    (one of DTYPES) is the model's and its floating inputs' (module doc: how values are checked).
     """
     from optimus_egg import measure
     from optimus_egg.ablation import rewrite_greedily
@@ -389,6 +432,7 @@ def run_model(
     if any(not math.isfinite(b) or b < 0 for b in budgets):
         raise ValueError(f"budgets must be finite seconds >= 0, got {budgets}")
     check_device(device)
+    check_dtype(dtype)
     device_name = device_info(device).get("gpu", "")
     mode = "train" if train else "infer"
     rows: list[dict] = []
@@ -396,14 +440,17 @@ def run_model(
     with one_thread():
         model, inputs = build(name, **(model_kw or {}))
         # Built on the CPU; moved before tracing, so the GraphModule shares the moved parameters.
-        model.train(train).to(device)
-        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        model.train(train).to(device, getattr(torch, dtype))
+        inputs = [x.to(device, getattr(torch, dtype) if x.is_floating_point() else None)
+                  if isinstance(x, torch.Tensor) else x for x in inputs]
+        reference = exact_reference(model, inputs, train) if dtype != "float32" else None
         gm = fx.symbolic_trace(model)
         gm.train(train)
         params = dict(model.named_parameters())
         expected, expected_grads = _run_and_grads(model, inputs, params, train)
         fx_nodes = len(gm.graph.nodes)
-        say(f"model {name}: {fx_nodes} FX nodes, {'training (forward + backward)' if train else 'inference'}, on {device}, "
+        say(f"model {name}: {fx_nodes} FX nodes, {'training (forward + backward)' if train else 'inference'}, on {device}"
+            f"{'' if dtype == 'float32' else ', ' + dtype}, "
             f"1 torch thread for compile and timing (was {threads_before}: extra threads on a shared machine make timings noisy)")
 
         warm = warm_up_inductor(train, device)
@@ -441,8 +488,7 @@ def run_model(
                 names = _optimus_counter_names()
                 arm.counters.update({k: v for k, v in dynamo_counters["inductor"].items() if k in names and v})
             got, grads = _run_and_grads(c.fn, inputs, params, train)
-            match = measure.values_match(got, expected, **VALUE_TOL)
-            gmatch = _grads_match(grads, expected_grads) if train else ""
+            match, gmatch = check_values(got, grads, expected, expected_grads, train, reference)
             fns[arm.name] = _train_step(c.fn, list(params.values())) if train else c.fn
             launches[arm.name] = c.launches
             L = c.launches
@@ -450,7 +496,8 @@ def run_model(
             counters = arm.counters if arm.counters is not None else (
                 dict(rep.matches) if rep is not None else {})
             row = dict(
-                family=family_of(name), model=name, mode=mode, device=device, device_name=device_name, arm=arm.name, budget=arm.budget,
+                family=family_of(name), model=name, mode=mode, device=device, device_name=device_name, dtype=dtype,
+                arm=arm.name, budget=arm.budget,
                 fx_nodes=fx_nodes, launches=L.total, extern=L.extern,
                 kernels=L.cpp + L.triton + L.fallback, profiled_launches="",
                 pred_launches=predicted_launches(arm.graph, inputs, arm.gemm_loops) if predict else math.nan,
@@ -538,7 +585,7 @@ def print_table(rows: list[dict], out: TextIO | None = None) -> None:
     out = out or sys.stdout
     r0 = rows[0]
     stop_w = max(11, *(len(str(r["stop_reason"] or "-")) + 1 for r in rows))
-    print(f"\n{r0['model']} ({r0['mode']}) on {device_of(r0)}, {r0['fx_nodes']} FX nodes, 1 torch thread, "
+    print(f"\n{r0['model']} ({r0['mode']}) on {device_of(r0)}, {dtype_of(r0)}, {r0['fx_nodes']} FX nodes, 1 torch thread, "
           f"{r0['rounds']} interleaved rounds", file=out)
     head = (f"{'arm':<20}{'launches':>9}{'extern':>7}{'kernels':>8}{'prof.':>6}{'pred':>7}{'optimize s':>11}"
             f"{'compile s':>10}{'total s':>9}{'median ms':>10}{'vs ind.':>8}{'RSS MB':>8}{'e-nodes':>8}"
@@ -566,9 +613,15 @@ def device_of(row: dict) -> str:
     return row.get("device") or "cpu"
 
 
-def result_stem(model: str, train: bool, device: str = "cpu") -> str:
-    """``<model>[_train]`` on CPU, ``<model>[_train]_cuda`` on a GPU: no run overwrites the other."""
-    return f"{model}{'_train' if train else ''}{'' if device == 'cpu' else '_' + device}"
+def dtype_of(row: dict) -> str:
+    """A row's dtype; rows of CSVs written before the dtype column ran in float32."""
+    return row.get("dtype") or "float32"
+
+
+def result_stem(model: str, train: bool, device: str = "cpu", dtype: str = "float32") -> str:
+    """``<model>[_train]`` on CPU in float32, ``_cuda`` added on a GPU and ``_bf16`` / ``_fp16``
+    in those dtypes (DTYPES): no run overwrites another."""
+    return "_".join(p for p in (model, "train" if train else "", "" if device == "cpu" else device, DTYPES[dtype]) if p)
 
 
 def write_results(rows: list[dict], results_dir: str | os.PathLike, stem: str) -> tuple[Path, Path]:
@@ -616,15 +669,15 @@ def _launch_cell(row: dict, gpu: bool) -> str:
     return f"{cell} / {_num(row.get('profiled_launches'), 'g')}" if gpu else cell
 
 
-def markdown_table(rows: list[dict], device: str = "cpu") -> str:
-    """One Markdown table per mode for the rows run on ``device`` (rows without a device
-    column ran on the CPU): a line per model, launches and latency per arm. The cuda tables
-    are titled "GPU (Triton)" and give launches as ``wrapper / profiled``."""
+def markdown_table(rows: list[dict], device: str = "cpu", dtype: str = "float32") -> str:
+    """One Markdown table per mode for the rows run on ``device`` in ``dtype`` (rows without
+    those columns ran on the CPU in float32): a line per model, launches and latency per arm.
+    The cuda tables are titled "GPU (Triton)" and give launches as ``wrapper / profiled``."""
     order = {m: i for i, m in enumerate(_model_order())}
     gpu = device != "cpu"
     out: list[str] = []
     for mode, title in (("infer", "Inference"), ("train", "Training (forward + backward)")):
-        mrows = [r for r in rows if r["mode"] == mode and device_of(r) == device]
+        mrows = [r for r in rows if r["mode"] == mode and device_of(r) == device and dtype_of(r) == dtype]
         if not mrows:
             continue
         egg_arms = sorted({r["arm"] for r in mrows if r["arm"].startswith("optimus_egg@")},
@@ -634,6 +687,8 @@ def markdown_table(rows: list[dict], device: str = "cpu") -> str:
         by = {(r["model"], r["arm"]): r for r in mrows}
         short = {"inductor": "Inductor", "optimus": "Optimus", GREEDY_RULES: "greedy rules"}
         labels = [short.get(a, a.replace("optimus_egg@", "egg@")) for a in arm_names]
+        if dtype != "float32":
+            title = f"{title}, {dtype}"
         if gpu:
             out.append(f"**GPU (Triton): {title.lower()}** — kernel launches per call as `wrapper / profiled` "
                        "(counted in Inductor's generated code / CUDA kernels torch.profiler saw in one timed call; "
@@ -687,13 +742,22 @@ def gpu_note(rows: list[dict]) -> str:
             "(`bench/gpu_check.sh`); the Optimus arm keeps the pass lists of `baselines.py`, chosen for CPU.\n")
 
 
+def low_precision_note(dtype: str) -> str:
+    return (f"The {dtype} tables: `optimus-egg bench --all --dtype {dtype}` (add `--train`); values and "
+            "gradients are checked against the model run in float64 from the same rounded weights: no further "
+            "from those than twice eager's distance in the same dtype, plus one rounding step.\n")
+
+
 def render_readme_section(rows: list[dict], results_dir: str | os.PathLike = "bench/results") -> str:
     """The README section, markers included, for the suite rows ``rows`` (read_results)."""
     small = [r for r in rows if r["model"] != BIG_MODEL or r["launches"] not in ("", None)]
     body = markdown_table(small) + "\n" + big_model_note(rows)
+    for dtype in list(DTYPES)[1:]:
+        if any(device_of(r) == "cpu" and dtype_of(r) == dtype for r in small):
+            body += "\n" + markdown_table(small, "cpu", dtype) + "\n" + low_precision_note(dtype)
     gpu = [r for r in small if device_of(r) == "cuda"]
     if gpu:
-        body += "\n" + markdown_table(gpu, "cuda") + "\n" + gpu_note(gpu)
+        body += "\n" + "\n".join(t for t in (markdown_table(gpu, "cuda", d) for d in DTYPES) if t) + "\n" + gpu_note(gpu)
     how = ("Reproduce: `optimus-egg bench --all --big` (add `--train` for the training table; "
            "per-model CSV/JSON in `bench/results/`), `optimus-egg compare --model NAME --budgets "
            "0.01,0.1,1,10 --plot out.png` for one model, `python bench/extraction.py` (greedy vs ILP, "

@@ -4,6 +4,7 @@
     optimus-egg compare --model dlrm --budgets 0.01,0.1,1,10 [--train] [--plot out.png]
     optimus-egg bench --all [--models a,b] [--budgets 1] [--train] [--big]
     optimus-egg bench --models parallel_mlp,dcn_v2 --device cuda    # Triton; profiled launches too
+    optimus-egg bench --all --dtype bfloat16 [--train]              # bfloat16 model and inputs
 
 `compare` runs one model side by side, in one process, under plain Inductor, Inductor +
 PyTorch's Optimus, optimus_egg at each budget and the greedy ablation ("greedy_rules", one family at a time),
@@ -13,6 +14,8 @@ bench/results/<model>[_train].csv and .json, and regenerates the results table b
 `<!-- bench:start -->` / `<!-- bench:end -->` markers of README.md. The suite itself lives in
 optimus_egg.bench. `--device cuda` (both commands) compiles for the GPU and also counts the
 CUDA kernels a call launches with torch.profiler; its results go to <model>[_train]_cuda.csv.
+`--dtype bfloat16` (or float16) runs the model in that dtype, its values checked against
+float64 (optimus_egg.bench); results in <model>[_train]_bf16.csv (_fp16).
 """
 from __future__ import annotations
 
@@ -59,43 +62,46 @@ def _all_match(rows: list[dict]) -> bool:
 
 
 def compare(model: str, budgets: list[float], train: bool, rounds: int, plot: str | None = None,
-            results_dir: str | None = None, out=None, device: str = "cpu", gemm_loops: bool = True) -> list[dict]:
+            results_dir: str | None = None, out=None, device: str = "cpu", gemm_loops: bool = True,
+            dtype: str = "float32") -> list[dict]:
     """Run `optimus_egg.bench.run_model` and print its table (and plot / save it)."""
     from optimus_egg import bench
 
     out = out or sys.stdout
 
-    rows = bench.run_model(model, budgets, train=train, rounds=rounds, out=out, device=device, gemm_loops=gemm_loops)
+    rows = bench.run_model(model, budgets, train=train, rounds=rounds, out=out, device=device, gemm_loops=gemm_loops,
+                           dtype=dtype)
     bench.print_table(rows, out)
     if plot:
         print(f"plot: {bench.plot(rows, plot)}", file=out)
     if results_dir:
-        csv_path, json_path = bench.write_results(rows, results_dir, bench.result_stem(model, train, device))
+        csv_path, json_path = bench.write_results(rows, results_dir, bench.result_stem(model, train, device, dtype))
         print(f"results: {csv_path}, {json_path}", file=out)
     return rows
 
 
 def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int, big: bool,
-              results_dir: str, readme: str | None, out=None, device: str = "cpu", gemm_loops: bool = True) -> int:
+              results_dir: str, readme: str | None, out=None, device: str = "cpu", gemm_loops: bool = True,
+              dtype: str = "float32") -> int:
     from optimus_egg import bench
 
     out = out or sys.stdout
     failed: list[str] = []
     start = time.perf_counter()
     for i, name in enumerate(models, 1):
-        print(f"\n=== [{i}/{len(models)}] {name} ({'train' if train else 'infer'}, {device}) ===", file=out, flush=True)
+        print(f"\n=== [{i}/{len(models)}] {name} ({'train' if train else 'infer'}, {device}, {dtype}) ===", file=out, flush=True)
         try:
             rows = bench.run_model(name, budgets, train=train, rounds=rounds, out=out, device=device,
-                                   gemm_loops=gemm_loops)
+                                   gemm_loops=gemm_loops, dtype=dtype)
         except Exception as e:  # noqa: BLE001 - one broken model must not sink the whole table
             print(f"  FAILED: {type(e).__name__}: {e}", file=out, flush=True)
             failed.append(f"{name}: {type(e).__name__}: {e}")
             continue
         bench.print_table(rows, out)
-        bench.write_results(rows, results_dir, bench.result_stem(name, train, device))
+        bench.write_results(rows, results_dir, bench.result_stem(name, train, device, dtype))
         if not _all_match(rows):
             failed.append(f"{name}: values differ from eager")
-    if big and not train:
+    if big and not train and dtype == "float32":
         print(f"\n=== {bench.BIG_MODEL}: optimus_egg at 1 s, optimize only ===", file=out, flush=True)
         try:
             row = bench.run_optimize_only(bench.BIG_MODEL, 1.0, out=out)
@@ -117,7 +123,7 @@ def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from optimus_egg.bench import DEVICES, check_device
+    from optimus_egg.bench import DEVICES, DTYPES, check_device
     from optimus_egg.models import MODELS
 
     p = argparse.ArgumentParser(prog="optimus-egg", description=__doc__.splitlines()[0])
@@ -151,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="compile and time on this device (default cpu; cuda: Triton, plus torch.profiler "
                         "counts, results in <model>[_train]_cuda.csv)")
     for parser in (c, b):
+        parser.add_argument("--dtype", choices=list(DTYPES), default="float32",
+                            help="the model's parameters and floating inputs (default float32; values checked "
+                                 "against float64, results in <model>[_train]_bf16.csv / _fp16.csv)")
         parser.add_argument("--no-gemm-loops", action="store_true",
                             help="optimize and compile the optimus_egg and greedy-rules arms as "
                                  "backend(gemm_loops=False) does (default: as the backend does, with the GEMM loops)")
@@ -162,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.command == "compare":
         rows = compare(args.model, args.budgets, args.train, args.rounds, args.plot, args.results_dir,
-                       device=args.device, gemm_loops=not args.no_gemm_loops)
+                       device=args.device, gemm_loops=not args.no_gemm_loops, dtype=args.dtype)
         return 0 if _all_match(rows) else 1
 
     from optimus_egg.bench import default_models
@@ -171,4 +180,5 @@ def main(argv: list[str] | None = None) -> int:
         p.error("bench: give --all or --models a,b")
     models = args.models or default_models()
     return run_bench(models, args.budgets, args.train, args.rounds, args.big, args.results_dir,
-                     None if args.no_readme else args.readme, device=args.device, gemm_loops=not args.no_gemm_loops)
+                     None if args.no_readme else args.readme, device=args.device, gemm_loops=not args.no_gemm_loops,
+                     dtype=args.dtype)

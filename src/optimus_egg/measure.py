@@ -508,6 +508,36 @@ def values_match(a: Any, b: Any, rtol: float | None = None, atol: float | None =
     return True
 
 
+def rounds_no_worse(got: Any, eager: Any, exact: Any, factor: float = 2.0) -> bool:
+    """Whether a low-precision run's (nested) outputs `got` are as close to `exact` (the same
+    model in float64) as the eager run's in the same dtype, `eager`, allowing for another order
+    of rounding: per tensor, the largest distance from `exact` at most `factor` times eager's
+    plus one rounding step of `got`'s dtype at `exact`'s largest magnitude. Compiled code
+    keeps intermediates in float32 that eager rounds, so it is usually closer than eager.
+    Non-tensor leaves must be equal; a NaN not in `exact` fails."""
+    leaves = [tree_leaves(x) for x in (got, eager, exact)]
+    if len({len(x) for x in leaves}) != 1:
+        return False
+    for g, e, x in zip(*leaves):
+        if not isinstance(g, torch.Tensor):
+            if g != x:
+                return False
+            continue
+        if not (isinstance(e, torch.Tensor) and isinstance(x, torch.Tensor)) or g.shape != x.shape:
+            return False
+        if not g.numel():
+            continue
+        if not g.is_floating_point():
+            if not torch.equal(g, x.to(g.dtype)):
+                return False
+            continue
+        x = x.double()
+        step = torch.finfo(g.dtype).eps * float(x.abs().max())
+        if not float((g.double() - x).abs().max()) <= factor * float((e.double() - x).abs().max()) + step:
+            return False
+    return True
+
+
 def aliased_outputs(outputs: Any, inputs: Sequence[Any]) -> int:
     """How many output tensors share memory (an element) with an input tensor or an earlier
     output: a caller writing into one in place writes into the other. Pieces of one buffer
