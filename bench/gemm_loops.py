@@ -5,7 +5,7 @@
 Per model and mode (inference, training: forward + backward), 1 torch thread, interleaved
 rounds, each arm's graph compiled as the backend does; launches, median step time as a ratio
 to plain Inductor's, values (and gradients) checked against eager (in bfloat16 / float16:
-against float64, optimus_egg.bench.check_values):
+against float64, as far as eager's and plain Inductor's rounding allow: optimus_egg.bench.check_values):
 
 - plain Inductor;
 - optimus_egg: the loops only where they vectorize, and priced so (shapes.rows_strided);
@@ -25,7 +25,7 @@ from torch import fx
 
 from optimus_egg import gemm_loops, measure, shapes
 from optimus_egg.baselines import as_backend_compiles
-from optimus_egg.bench import (DTYPES, _train_step, exact_reference, matches_eager, one_thread, traced_with_reference,
+from optimus_egg.bench import (DTYPES, _run_and_grads, _train_step, exact_reference, matches_eager, one_thread, traced_with_reference,
                                warm_up_inductor)
 from optimus_egg.pipeline import optimize
 
@@ -59,7 +59,8 @@ def run(name: str, train: bool, rounds: int, dtype: str = "float32") -> tuple[bo
         apart = optimize(gm, inputs, budget_s=1.0, gemm_loops=False, training=train)
         compiled["no loops"] = measure.compile_inductor(as_backend_compiles(apart, gemm_loops=False), inputs,
                                                         training=train)
-        ok = {arm: matches_eager(c.fn, inputs, params, expected, expected_grads, train, exact)
+        plain = _run_and_grads(compiled["plain"].fn, inputs, params, train) if exact is not None else None
+        ok = {arm: matches_eager(c.fn, inputs, params, expected, expected_grads, train, exact, plain)
               for arm, c in compiled.items()}
         fns = {arm: _train_step(c.fn, list(params.values())) if train else c.fn for arm, c in compiled.items()}
         with torch.set_grad_enabled(train):

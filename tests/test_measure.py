@@ -308,22 +308,27 @@ def test_values_match():
 
 
 def test_rounds_no_worse_measures_against_float64():
-    """A low-precision result passes when no further from the float64 one than twice eager's
-    distance plus one rounding step; further, NaN, another shape or another int fails."""
-    exact = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
-    eager = (exact + torch.tensor([0.01, 0.0, -0.01], dtype=torch.float64)).to(torch.bfloat16)
-    step = torch.finfo(torch.bfloat16).eps * 3
-    eager_off = float((eager.double() - exact).abs().max())
-    near = (exact + 2 * eager_off).to(torch.bfloat16)
-    assert rounds_no_worse(exact.to(torch.bfloat16), eager, exact)
-    assert rounds_no_worse(eager, eager, exact)
-    assert rounds_no_worse([near, 3], [eager, 3], (exact, 3))  # nested; ints equal
-    far = exact + 2 * eager_off + 2 * step + 0.05
-    assert not rounds_no_worse(far.to(torch.bfloat16), eager, exact)
-    assert not rounds_no_worse(torch.tensor([1.0, float("nan"), 3.0], dtype=torch.bfloat16), eager, exact)
-    assert not rounds_no_worse(exact[:2].to(torch.bfloat16), eager, exact)
-    assert not rounds_no_worse([eager, 4], [eager, 3], [exact, 3])
-    assert not rounds_no_worse([eager], [eager, eager], [exact, exact])
+    """A low-precision result passes when no further from the float64 one than three times the
+    farthest reference (eager, plain Inductor) plus one rounding step; further, NaN, another
+    shape or another int fails."""
+    exact = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)
+    eager = (exact + torch.tensor([0.01, 0.0, -0.01, 0.0], dtype=torch.float64)).to(torch.bfloat16)
+    plain = (exact + torch.tensor([0.0, 0.1, 0.0, 0.0], dtype=torch.float64)).to(torch.bfloat16)
+    off = {name: float((t.double() - exact).norm()) for name, t in (("eager", eager), ("plain", plain))}
+    step = torch.finfo(torch.bfloat16).eps * float(exact.norm())
+    assert rounds_no_worse(exact.to(torch.bfloat16), exact, eager)
+    assert rounds_no_worse(eager, exact, eager)
+    shift = torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    near = (exact + 2.5 * off["eager"] * shift).to(torch.bfloat16)
+    assert rounds_no_worse([near, 3], (exact, 3), [eager, 3])  # nested; ints equal
+    far = (exact + (3 * off["plain"] + 2 * step + 0.05) * shift).to(torch.bfloat16)
+    assert not rounds_no_worse(far, exact, eager, plain)
+    mid = (exact + (3 * off["eager"] + 2 * step + 0.05) * shift).to(torch.bfloat16)
+    assert not rounds_no_worse(mid, exact, eager) and rounds_no_worse(mid, exact, eager, plain)  # the farther counts
+    assert not rounds_no_worse(torch.tensor([1.0, float("nan"), 3.0, 0.5], dtype=torch.bfloat16), exact, eager)
+    assert not rounds_no_worse(exact[:2].to(torch.bfloat16), exact, eager)
+    assert not rounds_no_worse([eager, 4], [exact, 3], [eager, 3])
+    assert not rounds_no_worse([eager], [exact, exact], [eager, eager])
     idx = torch.tensor([0, 2])
     assert rounds_no_worse(idx, idx, idx) and not rounds_no_worse(idx + 1, idx, idx)
 

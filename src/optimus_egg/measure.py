@@ -508,22 +508,25 @@ def values_match(a: Any, b: Any, rtol: float | None = None, atol: float | None =
     return True
 
 
-def rounds_no_worse(got: Any, eager: Any, exact: Any, factor: float = 2.0) -> bool:
+def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0) -> bool:
     """Whether a low-precision run's (nested) outputs `got` are as close to `exact` (the same
-    model in float64) as the eager run's in the same dtype, `eager`, allowing for another order
-    of rounding: per tensor, the largest distance from `exact` at most `factor` times eager's
-    plus one rounding step of `got`'s dtype at `exact`'s largest magnitude. Compiled code
-    keeps intermediates in float32 that eager rounds, so it is usually closer than eager.
-    Non-tensor leaves must be equal; a NaN not in `exact` fails."""
-    leaves = [tree_leaves(x) for x in (got, eager, exact)]
+    model computed in float64) as the `references` (runs of the model in the same dtype: eager,
+    plain Inductor), allowing for rounding in another order: per tensor, the distance from
+    `exact` (L2) at most `factor` times the farthest reference's plus one rounding step of
+    `got`'s dtype at `exact`'s norm. Two compiles of one model round at different points
+    (what a fused kernel keeps in float32, eager stores rounded): in bfloat16, gradients of
+    plain Inductor's training step were up to 4 x further from float64's than eager's (dcn_v2),
+    while a wrong value is off by its own size. Non-tensor leaves must be equal; a NaN not in
+    `exact` fails."""
+    leaves = [tree_leaves(x) for x in (got, exact, *references)]
     if len({len(x) for x in leaves}) != 1:
         return False
-    for g, e, x in zip(*leaves):
+    for g, x, *refs in zip(*leaves):
         if not isinstance(g, torch.Tensor):
             if g != x:
                 return False
             continue
-        if not (isinstance(e, torch.Tensor) and isinstance(x, torch.Tensor)) or g.shape != x.shape:
+        if not isinstance(x, torch.Tensor) or g.shape != x.shape or not all(isinstance(r, torch.Tensor) for r in refs):
             return False
         if not g.numel():
             continue
@@ -532,8 +535,9 @@ def rounds_no_worse(got: Any, eager: Any, exact: Any, factor: float = 2.0) -> bo
                 return False
             continue
         x = x.double()
-        step = torch.finfo(g.dtype).eps * float(x.abs().max())
-        if not float((g.double() - x).abs().max()) <= factor * float((e.double() - x).abs().max()) + step:
+        step = torch.finfo(g.dtype).eps * float(x.norm())
+        bound = factor * max((float((r.double() - x).norm()) for r in refs), default=0.0) + step
+        if not float((g.double() - x).norm()) <= bound:
             return False
     return True
 

@@ -252,7 +252,7 @@ def to_fx(lowered: Lowered, g: Graph, ex: Extraction, example_inputs=None,
     r.graph.output(output_args)
     modules = _submodules(lowered.gm)
     if not _biases_stacked.get():
-        _bias_after_unbind(r.graph, modules)
+        _bias_after_unbind(r.graph, modules, lowered.gm)
     selects = _select_sparse_pieces(r.graph, r.unbinds) | _narrow_splits(r.graph, r.splits, modules)
     if classes is not None:
         classes.update((selects.get(v, v), c) for c, v in r.env.items() if isinstance(v, fx.Node) and selects.get(v, v))
@@ -294,12 +294,12 @@ def biases_stacked():
 def add_biases_per_row(gm: fx.GraphModule) -> fx.GraphModule:
     """`gm` (a module to_fx made, changed in place) with its batches' biases added per row
     where to_fx would have (`_bias_after_unbind`)."""
-    _bias_after_unbind(gm.graph, _submodules(gm))
+    _bias_after_unbind(gm.graph, _submodules(gm), gm)
     gm.recompile()
     return gm
 
 
-def _bias_after_unbind(graph: fx.Graph, modules: dict) -> None:
+def _bias_after_unbind(graph: fx.Graph, modules: dict, root: torch.nn.Module) -> None:
     """A batched linear with a stack of biases whose output is only unbound on its member dim,
     every row read only by code Inductor generates, becomes a bmm whose rows each add their
     own bias. The rows' readers absorb the adds, where a baddbmm needs the biases stacked:
@@ -307,7 +307,11 @@ def _bias_after_unbind(graph: fx.Graph, modules: dict) -> None:
     copy in a kernel of its own (the post-grad batch-linear pass adds biases per row too).
     Measured (1 s, inference / training launches, `as_backend_compiles`): interformer 47 -> 43
     / 111 -> 107; dhen's independent-set batch of its output projections 24 -> 22 in
-    inference (from_fx.independent_linears); no other bench model has such a linear."""
+    inference (from_fx.independent_linears); no other bench model has such a linear.
+    Not where a bias is bfloat16 / float16 (or of a dtype not known): the bmm's result is
+    rounded before the add rounds again, where the baddbmm rounds once (masknet's training
+    step in bfloat16: gradients 1.4 x further from float64's than eager's; `root` holds the
+    get_attr biases)."""
     for n in list(graph.nodes):
         if n.target is not ops.batched_linear or not isinstance(n.args[2], fx.Node):
             continue
@@ -321,6 +325,8 @@ def _bias_after_unbind(graph: fx.Graph, modules: dict) -> None:
                or any(w.op == "output" or node_kind(w, modules) != "compute" for w in v.users) for v in rows):
             continue
         biases = stack.args[0]
+        if any(b is not None and _dtype(b, root) not in (torch.float32, torch.float64) for b in biases):
+            continue
         n.args = (*n.args[:2], None)
         for v in rows:
             if biases[v.args[1]] is None:
@@ -330,6 +336,18 @@ def _bias_after_unbind(graph: fx.Graph, modules: dict) -> None:
             v.replace_all_uses_with(row, delete_user_cb=lambda w, row=row: w is not row)
         if not stack.users:
             graph.erase_node(stack)
+
+
+def _dtype(node: fx.Node, root: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of `node`'s value: a get_attr's attribute of `root`, else its meta value's."""
+    if node.op == "get_attr":
+        try:
+            value = operator.attrgetter(node.target)(root)
+        except AttributeError:
+            return None
+    else:
+        value = node.meta.get("val", node.meta.get("example_value"))
+    return getattr(value, "dtype", None)
 
 
 def _select_sparse_pieces(graph: fx.Graph, unbinds: dict[fx.Node, int]) -> dict[fx.Node, fx.Node | None]:

@@ -1,0 +1,81 @@
+"""bfloat16 / float16 graphs: optimus_egg's rewrites and the backend's post-grad batching round
+no more often than the input graph (one rounding per linear, as addmm does). In float32 a
+second rounding is invisible; in bfloat16 it is the size of the first."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx
+
+from optimus_egg import ops, optimize
+from optimus_egg.measure import rounds_no_worse
+
+
+class RowsRead(torch.nn.Module):
+    """Three linears with biases on an input's rows, each result read by an activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.ls = torch.nn.ModuleList(torch.nn.Linear(64, 32) for _ in range(3))
+
+    def forward(self, x):
+        xs = x.unbind(0)
+        return [f(lin(xs[i])) for i, (f, lin) in enumerate(zip((torch.relu, torch.tanh, torch.sigmoid), self.ls))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_batched_linear_keeps_its_biases_stacked_in_low_precision(dtype):
+    """In float32 each row of the batch adds its own bias (its reader fuses the add: no copy of
+    the biases into a stack); in bfloat16 / float16 the bmm's result would be rounded before
+    the add, so the biases stay in the baddbmm, which rounds once, as each addmm did."""
+    torch.manual_seed(0)
+    model = RowsRead().to(dtype)
+    x = torch.randn(3, 256, 64, dtype=dtype)
+    gm = fx.symbolic_trace(model)
+    out = optimize(gm, [x], strict=True)
+    [bl] = [n for n in out.graph.nodes if n.target is ops.batched_linear]
+    adds = sum(n.target is torch.add for n in out.graph.nodes)
+    if dtype == torch.float32:
+        assert bl.args[2] is None and adds == 3
+    else:
+        assert bl.args[2] is not None and adds == 0
+    exact_model = RowsRead().double()
+    exact_model.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        exact, before, after = exact_model(x.double()), gm(x), out(x)
+    assert rounds_no_worse(after, exact, before, factor=1.05)
+
+
+def test_post_grad_linear_batching_leaves_low_precision_addmm_apart():
+    """The backend's post-grad batching of mm / addmm: a bfloat16 addmm batch would be a bmm
+    and an add per member, two roundings, so such addmm nodes stay apart; bfloat16 mm nodes
+    (no bias: the backward's) and float32 addmm nodes batch as before."""
+    from torch._inductor.fx_passes.group_batch_fusion import apply_group_batch_fusion
+    from torch._inductor.pattern_matcher import stable_topological_sort
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from test_backend import _post_grad_rule
+
+    from optimus_egg.baselines import SAME_DTYPE_BATCH_LINEAR
+
+    aten = torch.ops.aten
+
+    def f(b1, x1, w1, b2, x2, w2, x3, w3, x4, w4):
+        return (torch.addmm(b1, x1, w1), torch.addmm(b2, torch.relu(x2), w2),
+                torch.mm(x3, w3), torch.mm(torch.relu(x4), w4))
+
+    for dtype, apart in [(torch.float32, 0), (torch.bfloat16, 2), (torch.float16, 2)]:
+        torch.manual_seed(0)
+        args = []
+        for bias in (True, True, False, False):
+            args += ([torch.randn(16, dtype=dtype)] if bias else []) + [torch.randn(32, 64, dtype=dtype),
+                                                                         torch.randn(64, 16, dtype=dtype) / 8]
+        gm = make_fx(f, tracing_mode="fake")(*args)
+        apply_group_batch_fusion(gm.graph, _post_grad_rule(SAME_DTYPE_BATCH_LINEAR, gated=False))
+        stable_topological_sort(gm.graph)
+        gm.recompile()
+        targets = [n.target for n in gm.graph.nodes]
+        assert targets.count(aten.addmm.default) == apart, (dtype, gm.code)
+        assert targets.count(aten.mm.default) == 0 and targets.count(aten.bmm) == (1 if apart else 2), (dtype, gm.code)
+        exact = f(*(a.double() for a in args))
+        assert rounds_no_worse(gm(*args), exact, f(*args), factor=1.05), dtype
