@@ -128,9 +128,9 @@ def test_biases_stay_stacked_between_steps(parallel_mlp, monkeypatch):
 
 class RowsRead(torch.nn.Module):
     """Three linears on an input's rows, each result read by another activation."""
-    def __init__(self):
+    def __init__(self, d_in: int = 16, d_out: int = 32):
         super().__init__()
-        self.ls = torch.nn.ModuleList(torch.nn.Linear(16, 32) for _ in range(3))
+        self.ls = torch.nn.ModuleList(torch.nn.Linear(d_in, d_out) for _ in range(3))
 
     def forward(self, x):
         xs = x.unbind(0)

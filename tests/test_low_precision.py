@@ -7,20 +7,10 @@ import pytest
 import torch
 from torch import fx
 
+from test_ablation import RowsRead
+
 from optimus_egg import ops, optimize
 from optimus_egg.measure import rounds_no_worse
-
-
-class RowsRead(torch.nn.Module):
-    """Three linears with biases on an input's rows, each result read by an activation."""
-
-    def __init__(self):
-        super().__init__()
-        self.ls = torch.nn.ModuleList(torch.nn.Linear(64, 32) for _ in range(3))
-
-    def forward(self, x):
-        xs = x.unbind(0)
-        return [f(lin(xs[i])) for i, (f, lin) in enumerate(zip((torch.relu, torch.tanh, torch.sigmoid), self.ls))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -29,7 +19,7 @@ def test_batched_linear_keeps_its_biases_stacked_in_low_precision(dtype):
     the biases into a stack); in bfloat16 / float16 the bmm's result would be rounded before
     the add, so the biases stay in the baddbmm, which rounds once, as each addmm did."""
     torch.manual_seed(0)
-    model = RowsRead().to(dtype)
+    model = RowsRead(64, 32).to(dtype)  # three linears with biases on an input's rows
     x = torch.randn(3, 256, 64, dtype=dtype)
     gm = fx.symbolic_trace(model)
     out = optimize(gm, [x], strict=True)
@@ -39,7 +29,7 @@ def test_batched_linear_keeps_its_biases_stacked_in_low_precision(dtype):
         assert bl.args[2] is None and adds == 3
     else:
         assert bl.args[2] is not None and adds == 0
-    exact_model = RowsRead().double()
+    exact_model = RowsRead(64, 32).double()
     exact_model.load_state_dict(model.state_dict())
     with torch.no_grad():
         exact, before, after = exact_model(x.double()), gm(x), out(x)

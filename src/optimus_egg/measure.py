@@ -508,7 +508,7 @@ def values_match(a: Any, b: Any, rtol: float | None = None, atol: float | None =
     return True
 
 
-def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0) -> bool:
+def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0, noise_factor: float = 10.0) -> bool:
     """Whether a low-precision run's (nested) outputs `got` are as close to `exact` (the same
     model computed in float64) as the `references` (runs of the model in the same dtype: eager,
     plain Inductor), allowing for rounding in another order: per tensor, the distance from
@@ -516,8 +516,11 @@ def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0)
     `got`'s dtype at `exact`'s norm. Two compiles of one model round at different points
     (what a fused kernel keeps in float32, eager stores rounded): in bfloat16, gradients of
     plain Inductor's training step were up to 4 x further from float64's than eager's (dcn_v2),
-    while a wrong value is off by its own size. Non-tensor leaves must be equal; a NaN not in
-    `exact` fails."""
+    while a wrong value is off by its own size. A tensor every reference is as far from as its
+    own size (a gradient that is zero but for rounding: interformer's score biases, |exact|
+    1e-17, eager's 2e-5 off) holds rounding noise only: there the bound is `noise_factor`
+    times the farthest reference's distance (plain Inductor's and optimus_egg's differed 10 x
+    on it). Non-tensor leaves must be equal; a NaN not in `exact` fails."""
     leaves = [tree_leaves(x) for x in (got, exact, *references)]
     if len({len(x) for x in leaves}) != 1:
         return False
@@ -536,7 +539,9 @@ def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0)
             continue
         x = x.double()
         step = torch.finfo(g.dtype).eps * float(x.norm())
-        bound = factor * max((float((r.double() - x).norm()) for r in refs), default=0.0) + step
+        off = [float((r.double() - x).norm()) for r in refs]
+        noise = bool(off) and min(off) >= float(x.norm())
+        bound = (noise_factor if noise else factor) * max(off, default=0.0) + step
         if not float((g.double() - x).norm()) <= bound:
             return False
     return True
