@@ -23,9 +23,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def run_model(name: str, budgets=(1.0,), train: bool = False, rounds: int = 30, **kw) -> list[dict]:
-    """bench.run_model plus writing bench/results/<model>[_train].csv and .json."""
+    """bench.run_model plus writing bench/results/<model>[_train][_cuda][_bf16].csv and .json."""
     rows = bench.run_model(name, budgets, train=train, rounds=rounds, **kw)
-    bench.write_results(rows, RESULTS, bench.result_stem(name, train))
+    bench.write_results(rows, RESULTS, bench.result_stem(name, train, kw.get("device", "cpu"), kw.get("dtype", "float32")))
     return rows
 
 
