@@ -228,8 +228,10 @@ def traced_with_reference(name: str, train: bool, dtype: str = "float32"):
 
     check_dtype(dtype)
     model, inputs = build(name)
-    model.train(train).to(getattr(torch, dtype))
-    inputs = tuple(x.to(getattr(torch, dtype)) if x.is_floating_point() else x for x in inputs)
+    model.train(train)
+    if dtype != "float32":  # (the zoo builds in float32)
+        model.to(getattr(torch, dtype))
+        inputs = tuple(x.to(getattr(torch, dtype)) if x.is_floating_point() else x for x in inputs)
     gm = fx.symbolic_trace(model)
     gm.train(train)
     params = dict(model.named_parameters())
@@ -444,9 +446,12 @@ def run_model(
     with one_thread():
         model, inputs = build(name, **(model_kw or {}))
         # Built on the CPU; moved before tracing, so the GraphModule shares the moved parameters.
-        model.train(train).to(device, getattr(torch, dtype))
-        inputs = [x.to(device, getattr(torch, dtype) if x.is_floating_point() else None)
-                  if isinstance(x, torch.Tensor) else x for x in inputs]
+        model.train(train).to(device)
+        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        if dtype != "float32":  # (the zoo builds in float32)
+            model.to(getattr(torch, dtype))
+            inputs = [x.to(getattr(torch, dtype)) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                      for x in inputs]
         reference = exact_reference(model, inputs, train) if dtype != "float32" else None
         gm = fx.symbolic_trace(model)
         gm.train(train)
