@@ -658,9 +658,9 @@ def test_dtypes_compile(dtype, fresh_dynamo, reports):
     torch.manual_seed(0)
     model = _Parallel(n=6, d=16, act=torch.relu).to(dtype).eval()
     x = torch.randn(8, 96, dtype=dtype)
-    # float32 GEMMs this small are loops by default (gemm_loops.py), which the search leaves
-    # unbatched; bfloat16 ones the loops do not rewrite, so the default batches them
-    options = {"gemm_loops": False} if dtype == torch.float32 else {}
+    # GEMMs this small are loops by default (gemm_loops.py, bfloat16 ones too), which the
+    # search leaves unbatched; without the loops it batches them
+    options = {"gemm_loops": False}
     with torch.no_grad():
         got = torch.compile(model, backend="optimus_egg", options=options)(x)
         want = model(x)
