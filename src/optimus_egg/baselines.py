@@ -218,19 +218,51 @@ def _operand_key(node: fx.Node) -> tuple:
 
 
 def _bias_rounded_twice(node: fx.Node) -> bool:
-    """Is `node` an addmm whose batch would round its result twice? PyTorch's batch computes
-    a bmm and adds each bias after it, each op rounding to its dtype, where addmm rounds once:
-    in bfloat16 / float16 that second rounding is the size of the first (masknet's training
-    step: gradients 1.7 x further from float64's than plain Inductor's). Such addmm nodes stay
-    apart; mm nodes (the backward's) batch as in float32."""
+    """Would PyTorch's batch round `node`, an addmm, twice? It computes a bmm and adds each bias
+    after it, each op rounding to its dtype, where addmm rounds once: in bfloat16 / float16 that
+    second rounding is the size of the first (masknet's training step: gradients 1.7 x further
+    from float64's than plain Inductor's). Such a batch is one baddbmm instead
+    (`_fuse_as_baddbmm`)."""
     addmm = torch.ops.aten.addmm
     return node.target in (addmm, addmm.default) and node.meta["val"].dtype in (torch.bfloat16, torch.float16)
+
+
+def _fuse_as_baddbmm(graph: fx.Graph, subset: list[fx.Node]) -> None:
+    """Replace the addmm nodes of `subset` (one shape, dtype and device) by one baddbmm over
+    their inputs, weights and biases stacked, each result a select of it: one rounding per
+    result, as addmm's (equal to it bit for bit on CPU). 1-D biases stack as [k, 1, n] and
+    broadcast; others are expanded to the result's shape first."""
+    aten = torch.ops.aten
+    rows, cols = subset[0].meta["val"].shape
+
+    def node(target, args):
+        made = graph.call_function(target, args)
+        made.meta["val"] = target(*fx.node.map_arg(args, lambda a: a.meta["val"]))
+        return made
+
+    def stacked(tensors: list[fx.Node]) -> fx.Node:
+        return node(aten.cat.default, ([node(aten.unsqueeze.default, (t, 0)) for t in tensors], 0))
+
+    with graph.inserting_before(subset[-1]):
+        biases = [n.args[0] for n in subset]
+        if all(b.meta["val"].shape == (cols,) for b in biases):
+            biases = [node(aten.unsqueeze.default, (b, 0)) for b in biases]
+        else:
+            biases = [node(aten.expand.default, (b, [rows, cols])) for b in biases]
+        fused = node(aten.baddbmm.default, (stacked(biases), stacked([n.args[1] for n in subset]),
+                                            stacked([n.args[2] for n in subset])))
+        for i, member in enumerate(subset):
+            piece = graph.call_function(aten.select.int, (fused, 0, i))
+            piece.meta.update(member.meta)
+            member.replace_all_uses_with(piece)
+            graph.erase_node(member)
 
 
 def _register_refined_fusions() -> None:
     """Register SAME_DTYPE_BATCH_LINEAR with Inductor's post-grad fusions (once): PyTorch's
     pass with each operand's dtype and device in the group key."""
     from torch._inductor.fx_passes import group_batch_fusion as gbf
+    from torch._inductor.pattern_matcher import stable_topological_sort
 
     if SAME_DTYPE_BATCH_LINEAR in gbf.POST_GRAD_FUSIONS:
         return
@@ -239,12 +271,18 @@ def _register_refined_fusions() -> None:
     class SameDtypeBatchLinear(gbf.PostGradBatchLinearFusion):
         def match(self, node: fx.Node):
             key = super().match(node)
-            if key is None or _written_as_loops(self, node) or _bias_rounded_twice(node):
+            if key is None or _written_as_loops(self, node):
                 return None
             return (*key, *_operand_key(node))
 
         def fuse(self, graph, subset: list[fx.Node]) -> None:
-            if not _stacks_too_much(self, subset):
+            if _stacks_too_much(self, subset):
+                return
+            if _bias_rounded_twice(subset[0]):
+                _fuse_as_baddbmm(graph, subset)
+                stable_topological_sort(graph)
+                counters["inductor"]["batch_linear_post_grad"] += 1  # as PyTorch's fuse counts
+            else:
                 super().fuse(graph, subset)
 
     gbf.register_fusion(BATCH_BMM, pre_grad=False)(_batch_bmm_fusion(gbf))
