@@ -7,7 +7,7 @@
 # 1. installs egglog and its runtime dependencies from the wheels in .whl/ into /tmp/site;
 # 2. prints the machine (GPU, driver, torch, CUDA, Triton) and a first torch.profiler count;
 # 3. `optimus-egg bench --device cuda` on four models, short timing (results in $OUT/results/,
-#    the GPU table in $OUT/README.md);
+#    the GPU table in $OUT/README.md), then two of them in bfloat16;
 # 4. `python bench/calibrate.py --device cuda` (also in $OUT/calibrate.txt);
 # 5. tests/test_device.py, if pytest is importable there.
 # Everything goes to $OUT/log as well. Each step has a time limit, so the whole run stays under
@@ -54,7 +54,11 @@ print(f"torch.profiler: {n} CUDA kernels for tanh(x) @ x (expected 2; 0 means CU
 EOF
 
 step "bench on cuda"
-timeout 300 python3 -m optimus_egg bench --models parallel_mlp,masknet,dcn_v2,interformer --device cuda \
+timeout 270 python3 -m optimus_egg bench --models parallel_mlp,masknet,dcn_v2,interformer --device cuda \
+    --rounds 10 --results-dir "$OUT/results" --readme "$OUT/README.md" || status=1
+
+step "bench on cuda in bfloat16"
+timeout 90 python3 -m optimus_egg bench --models parallel_mlp,masknet --device cuda --dtype bfloat16 \
     --rounds 10 --results-dir "$OUT/results" --readme "$OUT/README.md" || status=1
 
 step "calibrate on cuda"
