@@ -93,3 +93,48 @@ def test_post_grad_linear_batching_rounds_low_precision_addmm_once():
             assert all(torch.equal(g, b) for g, b in zip(got, before)), dtype
         exact = f(*(a.double() for a in args))
         assert rounds_no_worse(got, exact, before, factor=1.05), dtype
+
+
+class ThreeLinears(torch.nn.Module):
+    """Three independent linears of one shape, each on its own input."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, xs):
+        return [layer(torch.relu(x)) for layer, x in zip(self.layers, xs)]
+
+
+def test_backend_batches_bfloat16_linears_after_grad_with_one_rounding():
+    """Through the backend at budget 0 (optimize returns its input, so the linears reach the
+    post-grad passes apart): the bfloat16 addmm nodes are batched into one baddbmm, and values
+    and gradients are no further from float64's than eager's."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    import optimus_egg
+
+    torch.manual_seed(0)
+    model = ThreeLinears().bfloat16()
+    exact_model = ThreeLinears().double()
+    exact_model.load_state_dict(model.state_dict())
+    xs = [torch.randn(32, 64, dtype=torch.bfloat16) for _ in range(3)]
+    counters.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=optimus_egg.backend(budget_s=0, gemm_loops=False, strict=True))
+    got, (forward, *_) = run_and_get_code(compiled, xs)
+    assert counters["inductor"]["batch_linear_post_grad"] > 0, dict(counters["inductor"])
+    assert forward.count("extern_kernels.baddbmm(") == 1 and "extern_kernels.addmm(" not in forward, forward
+    sum(o.float().sum() for o in got).backward()
+    grads = [p.grad for p in model.parameters()]
+    model.zero_grad()
+    eager = model(xs)
+    sum(o.float().sum() for o in eager).backward()
+    eager_grads = [p.grad for p in model.parameters()]
+    exact = exact_model([x.double() for x in xs])
+    sum(o.sum() for o in exact).backward()
+    exact_grads = [p.grad for p in exact_model.parameters()]
+    assert rounds_no_worse([o.detach() for o in got], [o.detach() for o in exact], [o.detach() for o in eager],
+                           factor=1.05)
+    assert rounds_no_worse(grads, exact_grads, eager_grads, factor=1.05)
