@@ -309,8 +309,8 @@ def test_values_match():
 
 def test_rounds_no_worse_measures_against_float64():
     """A low-precision result passes when no further from the float64 one than three times the
-    farthest reference (eager, plain Inductor) plus one rounding step; further, NaN, another
-    shape or another int fails."""
+    farthest reference (eager, plain Inductor), or than the float64 one rounded once where that
+    is more; further, NaN, another shape or another int fails."""
     exact = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)
     eager = (exact + torch.tensor([0.01, 0.0, -0.01, 0.0], dtype=torch.float64)).to(torch.bfloat16)
     plain = (exact + torch.tensor([0.0, 0.1, 0.0, 0.0], dtype=torch.float64)).to(torch.bfloat16)
@@ -329,6 +329,13 @@ def test_rounds_no_worse_measures_against_float64():
     assert not rounds_no_worse(exact[:2].to(torch.bfloat16), exact, eager)
     assert not rounds_no_worse([eager, 4], [exact, 3], [eager, 3])
     assert not rounds_no_worse([eager], [exact, exact], [eager, eager])
+    # the floor is one rounding of the exact values, not a step per element: where both are
+    # exact in bfloat16, one ulp off on every element fails
+    rounded = exact.to(torch.bfloat16)
+    up = torch.nextafter(rounded, torch.full_like(rounded, float("inf")))
+    assert rounds_no_worse(rounded, exact, rounded) and not rounds_no_worse(up, exact, rounded)
+    thirds = torch.tensor([1 / 3, 2 / 3, -1 / 3, 5 / 3], dtype=torch.float64)
+    assert rounds_no_worse(thirds.to(torch.bfloat16), thirds, thirds.to(torch.bfloat16))
     idx = torch.tensor([0, 2])
     assert rounds_no_worse(idx, idx, idx) and not rounds_no_worse(idx + 1, idx, idx)
     # a value that is rounding noise in every reference: bounded by a hundred times the noise

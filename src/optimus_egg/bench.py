@@ -40,8 +40,8 @@ CPU). Results go to ``<model>[_train]_cuda.csv`` next to the CPU ones.
 before tracing. Eager in that dtype rounds differently from any compile, so each arm's
 values (and gradients) are checked against the same model run in float64 from the rounded
 weights: no further from those than three times eager's or plain Inductor's distance, the
-farther, plus one rounding step (``measure.rounds_no_worse``; plain Inductor's arm is thus a
-reference itself). Results go to ``<model>[_train]_bf16.csv`` (``_fp16``).
+farther, or than the float64 values rounded once (``measure.rounds_no_worse``; plain
+Inductor's arm is thus a reference itself). Results go to ``<model>[_train]_bf16.csv`` (``_fp16``).
 """
 from __future__ import annotations
 
@@ -758,7 +758,7 @@ def low_precision_note(dtype: str) -> str:
     return (f"The {dtype} tables: `optimus-egg bench --all --dtype {dtype}` (add `--train`); values and "
             "gradients are checked against the model run in float64 from the same rounded weights: no further "
             "from those than three times eager's or plain Inductor's distance in the same dtype, the farther, "
-            "plus one rounding step (`measure.rounds_no_worse`).\n")
+            "or than the float64 values rounded once (`measure.rounds_no_worse`).\n")
 
 
 def render_readme_section(rows: list[dict], results_dir: str | os.PathLike = "bench/results") -> str:

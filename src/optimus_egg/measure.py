@@ -512,8 +512,8 @@ def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0,
     """Whether a low-precision run's (nested) outputs `got` are as close to `exact` (the same
     model computed in float64) as the `references` (runs of the model in the same dtype: eager,
     plain Inductor), allowing for rounding in another order: per tensor, the distance from
-    `exact` (L2) at most `factor` times the farthest reference's plus one rounding step of
-    `got`'s dtype at `exact`'s norm. Two compiles of one model round at different points
+    `exact` (L2) at most `factor` times the farthest reference's, or where that is less, the
+    distance of `exact` rounded once to `got`'s dtype (no run can do better). Two compiles of one model round at different points
     (what a fused kernel keeps in float32, eager stores rounded): in bfloat16, gradients of
     plain Inductor's training step were up to 4 x further from float64's than eager's (dcn_v2),
     while a wrong value is off by its own size. A tensor every reference is as far from as its
@@ -539,10 +539,10 @@ def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0,
                 return False
             continue
         x = x.double()
-        step = torch.finfo(g.dtype).eps * float(x.norm())
+        rounded = float((x.to(g.dtype).double() - x).norm())
         off = [float((r.double() - x).norm()) for r in refs]
         noise = bool(off) and min(off) >= float(x.norm())
-        bound = (noise_factor if noise else factor) * max(off, default=0.0) + step
+        bound = max((noise_factor if noise else factor) * max(off, default=0.0), rounded)
         if not float((g.double() - x).norm()) <= bound:
             return False
     return True
