@@ -513,10 +513,12 @@ def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0,
     model computed in float64) as the `references` (runs of the model in the same dtype: eager,
     plain Inductor), allowing for rounding in another order: per tensor, the distance from
     `exact` (L2) at most `factor` times the farthest reference's, or where that is less, the
-    distance of `exact` rounded once to `got`'s dtype (no run can do better). Two compiles of one model round at different points
-    (what a fused kernel keeps in float32, eager stores rounded): in bfloat16, gradients of
-    plain Inductor's training step were up to 4 x further from float64's than eager's (dcn_v2),
-    while a wrong value is off by its own size. A tensor every reference is as far from as its
+    distance of `exact` rounded once to `got`'s dtype (no run can do better). Two compiles of
+    one model round at different points (what a fused kernel keeps in float32, eager stores
+    rounded): in bfloat16, gradients of plain Inductor's training step were up to 4 x further
+    from float64's than eager's (dcn_v2), while a wrong value is off by its own size. The
+    floor is one rounding of the whole tensor, not a step per element: a second rounding (a
+    bias added after its GEMM's result is rounded) is about that size. A tensor every reference is as far from as its
     own size (a gradient that is zero but for rounding: interformer's score biases, |exact|
     1e-17, eager's 2e-5 off) holds rounding noise only, whose size varies with the order of
     the sums (17 x apart between two compiles there): the bound is then `noise_factor` times
