@@ -889,6 +889,37 @@ def test_an_optimized_graph_saves_loads_and_traces_again(model, x, op, tmp_path)
             torch.testing.assert_close(got[name], g, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_to_folder_writes_an_importable_module_of_an_optimized_graph(tmp_path, monkeypatch):
+    """optimus_egg.to_folder: the folder FX writes for an optimized graph, with an import for
+    each op it calls (FX's own module.py raises NameError on them), loads in a fresh import and
+    computes the input graph's values; a graph calling a local function is refused by name."""
+    import importlib
+
+    torch.manual_seed(0)
+    model, x = _MixedBiases(), torch.randn(3, 4, 8)
+    gm = fx.symbolic_trace(model)
+    out = optimus_egg.optimize(gm, [x], 1.0, strict=True)
+    used = [op for op in (ops.stack_bias, ops.batched_linear, ops.batched_layer_norm, ops.keep_grads) if calls(out, op)]
+    assert used
+    out.to_folder(tmp_path / "plain_fx")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(NameError, match="optimus_egg_ops"):
+        importlib.import_module("plain_fx").FxModule()(x)
+    optimus_egg.to_folder(out, tmp_path / "saved", "Saved")
+    loaded = importlib.import_module("saved").Saved()
+    assert all(calls(fx.symbolic_trace(loaded), op) == 1 for op in used)
+    torch.testing.assert_close(loaded(x), gm(x))
+
+    def local(t):
+        return t + 1
+
+    graph = fx.Graph()
+    graph.output(graph.call_function(local, (graph.placeholder("t"),)))
+    other = fx.GraphModule(nn.Module(), graph)
+    with pytest.raises(ValueError, match="local"):
+        optimus_egg.to_folder(other, tmp_path / "other")
+
+
 class _Rejoined(nn.Module):
     """Outputs eager computes fresh that the rewrites make the input (a split concatenated
     again), the same value twice, and one that is a view of the input eagerly too."""

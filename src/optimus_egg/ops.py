@@ -93,3 +93,33 @@ def keep_grads(y: torch.Tensor, *leaves: torch.Tensor) -> torch.Tensor:
     stack unbound, one row used), once the rewrites have dropped those values. Inductor
     launches nothing for it in the forward; the zero fills in the backward are pointwise code."""
     return _KeepGrads.apply(y, *leaves)
+
+
+def to_folder(gm: torch.fx.GraphModule, folder, module_name: str = "FxModule") -> None:
+    """`gm.to_folder(folder, module_name)`, with an import in module.py for each function of a
+    module that `gm`'s code calls by a global name (the ops above, an fx.wrap-ped function):
+    FX writes imports for its table of builtins only, so module.py would raise NameError on
+    them. (Registering the ops in that table would make every pickled GraphModule of the
+    process import optimus_egg.)"""
+    import importlib
+    import pathlib
+
+    from torch.fx.graph import _custom_builtins
+
+    gm.to_folder(folder, module_name)
+    imports = []
+    for name, obj in gm.graph.python_code(root_module="self").globals.items():
+        if name in _custom_builtins:
+            continue
+        module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+        try:
+            found = getattr(importlib.import_module(module), qualname, None) if qualname.isidentifier() else None
+        except (ImportError, TypeError):
+            found = None
+        if found is not obj:
+            raise ValueError(f"to_folder: the graph calls {name} ({module}.{qualname}), which module.py "
+                             "cannot import by name (a local function?)")
+        imports.append(f"from {module} import {qualname} as {name}\n")
+    path = pathlib.Path(folder) / "module.py"
+    source = path.read_text()
+    path.write_text(source.replace("\nimport torch\n", "\nimport torch\n" + "".join(imports), 1))
