@@ -51,6 +51,24 @@ def test_gemm_loops_reach_the_bench_as_the_backend_default(argv, loops, monkeypa
     assert seen == [loops]
 
 
+@pytest.mark.parametrize("dtype,why", [("float32", "differ from eager"), ("bfloat16", "further from float64")])
+def test_bench_names_the_arm_whose_values_differ(dtype, why, monkeypatch, capsys, tmp_path):
+    """A model whose arm fails the value check (a baseline's too) fails the bench, naming the
+    arm and the check of its dtype."""
+    from optimus_egg import bench
+
+    rows = [{"arm": "inductor", "values_match": True, "grads_match": True},
+            {"arm": "optimus", "values_match": True, "grads_match": False},
+            {"arm": "optimus_egg@1s", "values_match": True, "grads_match": True}]
+    monkeypatch.setattr(bench, "run_model", lambda name, budgets, **kw: rows)
+    monkeypatch.setattr(bench, "print_table", lambda rows, out: None)
+    monkeypatch.setattr(bench, "write_results", lambda rows, results_dir, stem: None)
+    rc = main(["bench", "--models", "dcn_v2", "--train", "--dtype", dtype, "--no-readme",
+               "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 1 and f"FAILED dcn_v2: optimus: values or gradients {why}" in out, out
+
+
 @pytest.mark.parametrize("argv", [
     ["compare", "--budgets", "-1"],
     ["compare", "--budgets", "abc"],

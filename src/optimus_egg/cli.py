@@ -99,8 +99,11 @@ def run_bench(models: list[str], budgets: list[float], train: bool, rounds: int,
             continue
         bench.print_table(rows, out)
         bench.write_results(rows, results_dir, bench.result_stem(name, train, device, dtype))
-        if not _all_match(rows):
-            failed.append(f"{name}: values differ from eager")
+        differ = [r["arm"] for r in rows if not _all_match([r])]
+        if differ:
+            failed.append(f"{name}: {', '.join(differ)}: values or gradients differ from eager" if dtype == "float32"
+                          else f"{name}: {', '.join(differ)}: values or gradients further from float64 than eager's "
+                               "and plain Inductor's allow")
     if big and not train and dtype == "float32":
         print(f"\n=== {bench.BIG_MODEL}: optimus_egg at 1 s, optimize only ===", file=out, flush=True)
         try:
