@@ -273,6 +273,8 @@ def _register_refined_fusions() -> None:
             key = super().match(node)
             if key is None or _written_as_loops(self, node):
                 return None
+            if _bias_rounded_twice(node) and not isinstance(getattr(node.args[0], "meta", {}).get("val"), torch.Tensor):
+                return None  # (`_fuse_as_baddbmm` stacks the biases by their shapes)
             return (*key, *_operand_key(node))
 
         def fuse(self, graph, subset: list[fx.Node]) -> None:
