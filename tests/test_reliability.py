@@ -918,6 +918,7 @@ def test_to_folder_writes_an_importable_module_of_an_optimized_graph(tmp_path, m
     other = fx.GraphModule(nn.Module(), graph)
     with pytest.raises(ValueError, match="local"):
         optimus_egg.to_folder(other, tmp_path / "other")
+    assert not (tmp_path / "other").exists()  # refused before writing anything
 
 
 class _Rejoined(nn.Module):

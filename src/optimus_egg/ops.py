@@ -106,20 +106,22 @@ def to_folder(gm: torch.fx.GraphModule, folder, module_name: str = "FxModule") -
 
     from torch.fx.graph import _custom_builtins
 
-    gm.to_folder(folder, module_name)
     imports = []
     for name, obj in gm.graph.python_code(root_module="self").globals.items():
         if name in _custom_builtins:
             continue
         module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
-        try:
-            found = getattr(importlib.import_module(module), qualname, None) if qualname.isidentifier() else None
-        except (ImportError, TypeError):
-            found = None
+        found = None
+        if isinstance(module, str) and qualname.isidentifier():
+            try:
+                found = getattr(importlib.import_module(module), qualname, None)
+            except ImportError:
+                pass
         if found is not obj:
             raise ValueError(f"to_folder: the graph calls {name} ({module}.{qualname}), which module.py "
                              "cannot import by name (a local function?)")
         imports.append(f"from {module} import {qualname} as {name}\n")
+    gm.to_folder(folder, module_name)
     path = pathlib.Path(folder) / "module.py"
     source = path.read_text()
     path.write_text(source.replace("\nimport torch\n", "\nimport torch\n" + "".join(imports), 1))
