@@ -991,6 +991,20 @@ def trainable(prog):
     ("regroup", "reversed_stack_unbind"), ("broadcast", "sub", "param", [0])),
     "split": "chunk", "out": "tuple", "tap": (6, 0), "block": (5, 1, "shared"), "special": False,
     "dtype": torch.float64, "seed": 18750}, dynamic=False)
+# A chunk of a symbolic dim is an aten.split with a size node: torch 2.13's post-grad
+# normalization_aten_pass compares that node with a SymInt and raises TypeError inside Inductor.
+@example(prog={"n": 2, "d": 4, "b": 4, "steps": (
+    ("nested", "relu", {"sizes1": (8,), "j": 0, "sizes2": (1, 4, 2, 1), "spell1": ("slice_neg",), "spell2": "narrow",
+                        "flags": (True, False, True, True), "cut": 1, "dim": 1}),
+    ("attend", 1, "bmm_row", "chain", [1]),
+    ("nested", "mul_scalar", {"sizes1": (2, 6), "j": 0, "sizes2": (1, 1), "spell1": ("narrow", "slice_neg"),
+                              "spell2": "split", "flags": (False, False, False), "cut": 3, "dim": 1}),
+    ("linear", "shared_fn", False, [0, 1]), ("regroup", "stack0_unbind0"),
+    ("nested", "silu", {"sizes1": (1, 4, 3), "j": 2, "sizes2": (2, 1), "spell1": ("narrow", "narrow_neg", "slice"),
+                        "spell2": "split", "flags": (False, True, False, False), "cut": 2, "dim": -1}),
+    ("attend", 0, "at", "chain", [0, 1])),
+    "split": "chunk", "out": "sum", "tap": None, "block": (7, 1, "checkpoint"), "special": False,
+    "dtype": torch.float32, "seed": 4396}, dynamic=True)
 def test_random_program_trains_through_the_backend(prog, dynamic):
     """torch.compile(model, backend=optimus_egg.backend(...)) in training, on Dynamo's graph:
     blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts;

@@ -169,7 +169,10 @@ _GATED = {**_BATCH, "max_stacked_per_launch": MAX_STACKED_PER_LAUNCH}
 # every user of a split piece for a cat, the graph's output tuple included, and then every getitem
 # among those outputs for a split piece (a training forward returns its saved tensors: with ten or
 # more, and a piece of an `unbind(x)` among them, it reads the unbind's missing split sizes).
-_LEFT_OUT = ("select_cat_aten_pass", "split_cat_aten_pass")
+# And normalization_aten_pass: without it no bench model launches more (inference and training,
+# measured), and torch 2.13's raises TypeError inside Inductor on a split whose size is a node (a
+# chunk of a symbolic dim): it takes the size for an int and compares it with a SymInt.
+_LEFT_OUT = ("select_cat_aten_pass", "split_cat_aten_pass", "normalization_aten_pass")
 EGG_POST_GRAD: dict[str, dict[str, Any]] = {
     SAME_DTYPE_BATCH_LINEAR: dict(_GATED),
     BATCH_BMM: dict(_GATED),
