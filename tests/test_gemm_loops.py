@@ -8,6 +8,7 @@ from torch import fx, nn
 from torch._dynamo.utils import counters
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import optimus_egg
 from optimus_egg import gemm_loops
 from optimus_egg.baselines import backend_patches
 from optimus_egg.measure import compile_inductor, rounds_no_worse
@@ -493,3 +494,38 @@ def test_training_defaults_to_what_aot_autograd_decides():
     assert optimize(frozen, [x.requires_grad_()], budget_s=0.0).meta["optimus_egg"].training is True
     with pytest.raises(TypeError, match="training"):
         optimize(gm, [x], training="yes")
+
+
+class _TwoBiasesOneGradient(nn.Module):
+    """Two small linears summed: their biases' gradients are two equal sums over the rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_repeated_low_precision_reductions_compile(dtype):
+    """With the loops the two equal bias-gradient sums land in one C++ kernel, which torch 2.13
+    writes with the rounded sum declared twice (a compile error); the second is made a copy of
+    the first (`copy_repeated_reductions`): the step compiles, each bias keeps a gradient of its
+    own, and the gradients are no further from float64's than eager's."""
+    torch.manual_seed(0)
+    model = _TwoBiasesOneGradient().to(dtype)
+    exact_model = _TwoBiasesOneGradient().double()
+    exact_model.load_state_dict(model.state_dict())
+    x = torch.randn(64, 3, dtype=dtype)
+    counters.clear()
+    torch._dynamo.reset()
+    torch.compile(model, backend=optimus_egg.backend(strict=True))(x).float().sum().backward()
+    assert counters["inductor"][gemm_loops.REPEATS_COUNTER] > 0
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert grads["a.bias"].data_ptr() != grads["b.bias"].data_ptr()
+    model.zero_grad()
+    model(x).float().sum().backward()
+    exact_model(x.double()).sum().backward()
+    assert rounds_no_worse(grads, {n: p.grad for n, p in exact_model.named_parameters()},
+                           {n: p.grad for n, p in model.named_parameters()})

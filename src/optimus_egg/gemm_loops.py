@@ -44,6 +44,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 MAX_MACS = 65536
 COUNTER = "gemm_as_loops"
+REPEATS_COUNTER = "repeated_reductions_copied"
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 aten = torch.ops.aten
@@ -161,14 +162,52 @@ def rewrite(graph: fx.Graph, max_macs: int = MAX_MACS) -> int:
     return done
 
 
+_REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
+
+
+def copy_repeated_reductions(graph: fx.Graph) -> int:
+    """Make each low-precision reduction that repeats an earlier one (same op, operands and
+    arguments, no write between them) a copy of it; return how many. Inductor fuses such a pair
+    into one loop over the shared sum and stores it twice, and its C++ code for that declares
+    the rounded sum twice in one scope (`auto at_BFloat16_tmp_acc0_vec`): a compile error in
+    torch 2.13. Plain Inductor's extern GEMMs keep the pair apart; the loops put them in one
+    kernel (a training step whose two biases get one gradient: two equal sums over the rows).
+    The copy keeps the results apart in memory, as they are: two parameters' gradients must
+    not be one tensor."""
+    from torch._inductor.pattern_matcher import compute_mutation_region_ids, same_mutation_regions
+
+    compute_mutation_region_ids(graph)
+    seen: dict[tuple, fx.Node] = {}
+    done = 0
+    for node in list(graph.nodes):
+        val = _val(node)
+        if node.op != "call_function" or node.target not in _REDUCTIONS or not isinstance(val, torch.Tensor) \
+                or val.dtype not in _WIDENED:
+            continue
+        key = (node.target, repr(node.args), repr(node.kwargs))
+        first = seen.setdefault(key, node)
+        if first is node or not same_mutation_regions(first, node):
+            continue
+        with graph.inserting_after(node):
+            copy = graph.call_function(aten.clone.default, (first,))
+        copy.meta.update(node.meta)
+        node.replace_all_uses_with(copy)
+        graph.erase_node(node)
+        done += 1
+    counters["inductor"][REPEATS_COUNTER] += done
+    return done
+
+
 class GemmLoops(CustomGraphPass):
-    """`rewrite` as an Inductor post_grad_custom_post_pass (its uuid keys Inductor's cache)."""
+    """`rewrite` as an Inductor post_grad_custom_post_pass (its uuid keys Inductor's cache),
+    then `copy_repeated_reductions`."""
 
     def __init__(self, max_macs: int = MAX_MACS):
         self.max_macs = max_macs
 
     def __call__(self, graph: fx.Graph) -> None:
         rewrite(graph, self.max_macs)
+        copy_repeated_reductions(graph)
 
     def uuid(self) -> str:
         source = get_hash_for_files((__file__,)).hex()
