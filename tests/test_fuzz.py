@@ -24,9 +24,10 @@ norms as native_layer_norm; real or symbolic tracing, a symbolic batch also run 
 newer kind and checks the rule it targets fired. A fifth as many again run in bfloat16 /
 float16 (64 rows), measured against the program computed in float64: no further from it than
 1.1 x the traced graph's distance (checked to fail when `ops.batched_linear` adds its biases
-after its bmm, or `to_fx._bias_after_unbind` moves bfloat16 biases after it: rounding twice); half as many as the Inductor tests run through the backend in
-bfloat16 / float16, in inference and for one training step (gradients too), within 3 x the
-farther of eager and plain torch.compile, as the bench checks.
+after its bmm, or `to_fx._bias_after_unbind` moves bfloat16 biases after it: rounding
+twice); half as many as the Inductor tests run through the backend in bfloat16 / float16, in
+inference and for one training step (gradients too), within 3 x the farther of eager and
+plain torch.compile, as the bench checks.
 
 Examples: OPTIMUS_EGG_FUZZ_EXAMPLES (default 150, ~80 s in all on 2 cores); derandomized, so
 CI sees the same cases every run. A long run (1000 examples: ~16 min):
