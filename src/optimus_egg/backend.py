@@ -9,11 +9,12 @@ import torch
 
 # Keywords of `optimize` that `backend` passes on (budget_s is backend's own).
 OPTIMIZE_OPTIONS = ("strict", "disable", "limits", "verify")
-BACKEND_OPTIONS = ("budget_s", "post_grad", "kernel_order", "gemm_loops", "mask_stores", "inductor", *OPTIMIZE_OPTIONS)
+BACKEND_OPTIONS = ("budget_s", "post_grad", "kernel_order", "gemm_loops", "mask_stores", "hoist", "inductor",
+                   *OPTIMIZE_OPTIONS)
 
 
 def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = True,
-            gemm_loops: bool = True, mask_stores: bool = True, inductor: dict | None = None,
+            gemm_loops: bool = True, mask_stores: bool = True, hoist: bool = True, inductor: dict | None = None,
             **options) -> Callable:
     """A torch.compile backend with options, e.g. torch.compile(m, backend=backend(budget_s=0.5)).
 
@@ -28,7 +29,9 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     backward), and optimize prices them so (`optimize(..., gemm_loops=True)`): it leaves them
     unbatched, as do the post-grad GEMM batchings. With `mask_stores` (default) Inductor stores
     the bool masks a CPU training graph saves for the backward as bytes (`mask_stores.py`), about
-    8x faster than its vectorized bool store. Either way Inductor compiles the backward
+    8x faster than its vectorized bool store. With `hoist` (default) an inference graph's copies
+    of parameters (the stacked weights of its batches) are computed once, and again only after
+    one of those parameters changes, not on every call (`hoist.py`; not with CUDA graphs). Either way Inductor compiles the backward
     without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug), and a training
     graph calling a `nested_compile_region` body whose results need a gradient without any
     buffer reuse (`baselines.SHARED_BODY_TRAINING`, and without the mask stores, which do not
@@ -50,7 +53,7 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
         raise TypeError(f"optimus_egg.backend: unknown option(s) {', '.join(map(repr, unknown))}; "
                         f"the options are {', '.join(BACKEND_OPTIONS)}")
     for name, value in (("post_grad", post_grad), ("kernel_order", kernel_order), ("gemm_loops", gemm_loops),
-                        ("mask_stores", mask_stores)):
+                        ("mask_stores", mask_stores), ("hoist", hoist)):
         if not isinstance(value, bool):
             raise TypeError(f"optimus_egg.backend: {name} must be a bool, got {type(value).__name__}")
     from optimus_egg.pipeline import check_budget_and_disable
@@ -61,11 +64,15 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         from torch._inductor.compile_fx import compile_fx
 
+        from torch._inductor import config as inductor_config
+
+        from optimus_egg import hoist as hoisting
         from optimus_egg.baselines import EGG_BACKWARD, SHARED_BODY_TRAINING, backend_patches, backward_patched
         from optimus_egg.parts import trains_a_shared_body
         from optimus_egg.pipeline import optimize
 
         shared = trains_a_shared_body(gm)  # (then compiled without buffer reuse, optimized or not)
+        cudagraphs = user.get("triton.cudagraphs", inductor_config.triton.cudagraphs)
 
         compile_inner = backward_patched(EGG_BACKWARD)
         extras = post_grad or kernel_order or gemm_loops or mask_stores  # Inductor options beyond plain torch.compile's
@@ -90,17 +97,22 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
             with config.patch({**plain, **user}):
                 return compile_inner(original, inputs, **kw)
 
-        def inductor(g: torch.fx.GraphModule, with_extras: bool = extras):
+        def inductor(g: torch.fx.GraphModule, with_extras: bool = extras, inputs=example_inputs):
             # compile_fx re-applies its config_patches when it compiles the backward later
             # (the mask stores with the reuse off: C++ that does not compile, "Vectorized<bool> has no cast")
             patches = {**(backend_patches(post_grad, kernel_order, gemm_loops, mask_stores and not shared)
                           if with_extras else {}),
                        **(SHARED_BODY_TRAINING if shared else {}), **user}
-            return compile_fx(g, example_inputs, inner_compile=inner if with_extras else compile_inner,
+            return compile_fx(g, inputs, inner_compile=inner if with_extras else compile_inner,
                               config_patches=patches or None)
 
         out = optimize(gm, list(example_inputs), budget_s, gemm_loops=gemm_loops, buffer_reuse=not shared, **options)
         try:  # (with every switch off, still body_outputs.BODY_OUTPUTS: backend_patches)
+            if hoist and not cudagraphs and not hoisting.grads_needed(out, example_inputs):
+                compiled = hoisting.compile_hoisted(out, example_inputs, lambda g, xs: inductor(g, True, xs))
+                if compiled is not None:
+                    out.meta["optimus_egg"].hoisted = len(compiled.plan.outputs)
+                    return compiled
             return inductor(out, with_extras=True)
         except Exception as e:
             if options.get("strict") or _dynamo_signal(e):

@@ -611,12 +611,14 @@ def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None =
 
 
 def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order: bool = True,
-                        gemm_loops: bool = True, mask_stores: bool = True) -> fx.GraphModule:
+                        gemm_loops: bool = True, mask_stores: bool = True, hoist: bool = True) -> fx.GraphModule:
     """Mark `gm` (optimize()'s result) so that measure.compile_inductor compiles it as the
     backend does: `backend_patches(post_grad, kernel_order, gemm_loops, mask_stores)`,
-    EGG_BACKWARD for the backward graph."""
+    EGG_BACKWARD for the backward graph, with `hoist` its parameter copies computed once in
+    inference (hoist.py)."""
     gm.meta["inductor_config_patches"] = backend_patches(post_grad, kernel_order, gemm_loops, mask_stores)
     gm.meta["inductor_backward_config_patches"] = EGG_BACKWARD
+    gm.meta["hoist_parameters"] = hoist
     return gm
 
 

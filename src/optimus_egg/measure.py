@@ -319,12 +319,16 @@ def compile_inductor(
     parameters. Inductor options: ``gm.meta["inductor_config_patches"]`` (set by
     ``baselines.inductor_with_optimus``), then ``config_patches``; for the backward graph only,
     ``gm.meta["inductor_backward_config_patches"]`` (set by the bench for the optimus_egg
-    arms, as the backend compiles), then ``backward_config_patches``. ``gm`` is not changed.
+    arms, as the backend compiles), then ``backward_config_patches``. With
+    ``gm.meta["hoist_parameters"]`` (``baselines.as_backend_compiles``) an inference graph's
+    parameter copies are computed once (``hoist.compile_hoisted``), as the backend does: the
+    launches and code are then the rest's. ``gm`` is not changed.
     """
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.utils import run_and_get_code
 
+    from optimus_egg import hoist
     from optimus_egg.baselines import backward_patched
 
     patches: dict[str, Any] = {"force_disable_caches": True, "fx_graph_cache": False}
@@ -336,10 +340,17 @@ def compile_inductor(
     model = copy_graph_module(gm)
     timing: dict[str, float] = {}
 
+    def compile_(g: fx.GraphModule, xs: list[Any]) -> Callable[..., Any]:
+        return compile_fx(g, xs, inner_compile=backward_patched(backward)) if backward else compile_fx(g, xs)
+
     def build_and_run() -> Callable[..., Any]:
         with config.patch(patches), torch.set_grad_enabled(training):
             start = time.perf_counter()
-            compiled = compile_fx(model, inputs, inner_compile=backward_patched(backward)) if backward else compile_fx(model, inputs)
+            compiled = None
+            if gm.meta.get("hoist_parameters") and not hoist.grads_needed(model, inputs):
+                compiled = hoist.compile_hoisted(model, inputs, compile_)
+            if compiled is None:
+                compiled = compile_(model, inputs)
             timing["compile_s"] = time.perf_counter() - start
             out = compiled(*inputs)
             if training and (seed := _backward_seed(out)) is not None:

@@ -64,6 +64,7 @@ class Report:
     out_of_place: int = 0        # writes into fresh values made out-of-place before lowering (functional.py)
     copied_outputs: int = 0      # outputs copied not to alias an input, a parameter or another output (copy_new_aliases)
     shape_checks: int = 0        # inputs the result checks against the example's shape (shapes.guard_example_shapes)
+    hoisted: int = 0             # parameter copies computed once, not per call (hoist.py: the backend, in inference)
 
     def __str__(self) -> str:
         t = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
@@ -89,6 +90,8 @@ class Report:
             lines.append(f"  outputs copied so as not to alias what the input's did not: {self.copied_outputs}")
         if self.shape_checks:
             lines.append(f"  inputs checked against the example's shape on entry: {self.shape_checks}")
+        if self.hoisted:
+            lines.append(f"  parameter copies computed once, not per call (hoist.py): {self.hoisted}")
         if self.zero_grads:
             lines.append(f"  zero gradients kept by the outputs (ops.keep_grads): {', '.join(self.zero_grads)}")
         if self.fallback:

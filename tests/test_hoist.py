@@ -1,0 +1,175 @@
+"""Parameter copies computed once in inference (hoist.py): fewer launches, the same values, and
+recomputed whenever a parameter they read changes."""
+import pytest
+import torch
+import torch.nn as nn
+
+import optimus_egg
+import optimus_egg.pipeline as pipeline
+from optimus_egg import hoist
+from optimus_egg.baselines import as_backend_compiles
+from optimus_egg.bench import GRAD_TOL
+from optimus_egg.measure import compile_inductor
+
+
+class Chunks(nn.Module):
+    """Per-chunk linears (batched by optimus_egg into one bmm over stacked weights) and a LayerNorm each."""
+
+    def __init__(self, n=4, d=64):
+        super().__init__()
+        self.n = n
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+
+    def forward(self, x):
+        parts = x.chunk(self.n, dim=1)
+        return torch.cat([self.norms[i](self.ls[i](parts[i])) for i in range(self.n)], 1)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def reports(monkeypatch):
+    seen = []
+    real = pipeline.optimize
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out.meta["optimus_egg"])
+        return out
+
+    monkeypatch.setattr(pipeline, "optimize", spy)
+    return seen
+
+
+def _hoisted(fn):
+    """The Hoisted object inside measure.compile_inductor's inference wrapper."""
+    cells = [c.cell_contents for c in fn.__closure__ or ()]
+    found = [c for c in cells if isinstance(c, hoist.Hoisted)]
+    assert found, "not compiled with hoisting"
+    return found[0]
+
+
+def test_stacked_weights_are_computed_once_and_launch_nothing_per_call():
+    torch.manual_seed(0)
+    m, x = Chunks().eval(), torch.randn(64, 256)
+    fast = optimus_egg.optimize(torch.fx.symbolic_trace(m), [x], budget_s=5.0, gemm_loops=True, strict=True)
+    p = hoist.plan(fast, [x])
+    assert p is not None and len(p.outputs) >= 2  # the stacked linear weights and biases at least
+    kept = compile_inductor(as_backend_compiles(fast, hoist=False), [x])
+    hoisted = compile_inductor(as_backend_compiles(fast, hoist=True), [x])
+    assert hoisted.launches.total < kept.launches.total, (hoisted.launches, kept.launches)
+    with torch.no_grad():
+        want = m(x)
+        for _ in range(3):
+            torch.testing.assert_close(hoisted.fn(x), want)
+    assert _hoisted(hoisted.fn).computed == 1
+
+
+def test_backend_recomputes_the_stacks_after_a_parameter_changes(reports):
+    torch.manual_seed(0)
+    m, x = Chunks().eval(), torch.randn(64, 256)
+    compiled = torch.compile(m, backend=optimus_egg.backend(strict=True))
+
+    def check(what):
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), m(x), msg=lambda s: f"after {what}: {s}")
+
+    check("compiling")
+    assert reports and reports[0].hoisted >= 2, str(reports[0])
+    with torch.no_grad():
+        m.ls[1].weight.add_(1.0)
+    check("an in-place add")
+    other = Chunks()
+    m.load_state_dict(other.state_dict())
+    check("load_state_dict")
+    m.ls[2].bias.data = torch.randn(64)
+    check("p.data = ...")
+    m.norms[3].weight = nn.Parameter(torch.randn(64))
+    check("a new Parameter object")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x[:8]), m(x[:8]))  # another batch size (recompiled)
+
+
+def test_training_keeps_the_stacks_in_the_graph(reports):
+    torch.manual_seed(0)
+    m, x = Chunks(), torch.randn(64, 256)
+    ref = Chunks()
+    ref.load_state_dict(m.state_dict())
+    torch.compile(m, backend=optimus_egg.backend(strict=True))(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    assert reports and reports[0].changed and reports[0].hoisted == 0
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **GRAD_TOL, msg=lambda s: f"{name}: {s}")
+
+
+def test_no_hoisting_with_cuda_graphs_or_when_switched_off(reports):
+    torch.manual_seed(0)
+    m, x = Chunks().eval(), torch.randn(64, 256)
+    with torch.no_grad():
+        for b in (optimus_egg.backend(hoist=False), optimus_egg.backend(inductor={"triton.cudagraphs": True})):
+            torch._dynamo.reset()
+            torch.testing.assert_close(torch.compile(m, backend=b)(x), m(x))
+    assert len(reports) == 2 and all(r.changed and r.hoisted == 0 for r in reports)
+    with pytest.raises(TypeError, match="hoist must be a bool"):
+        optimus_egg.backend(hoist="yes")
+
+
+class WritesItsWeight(nn.Module):
+    """Stacks two weights, one of which the forward itself writes into first."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        self.a.add_(1.0)
+        w = torch.stack([self.a, self.b])
+        return x @ w
+
+
+def test_a_parameter_the_graph_writes_into_is_not_hoisted():
+    m, x = WritesItsWeight(), torch.randn(8)
+    gm = torch.fx.symbolic_trace(m)
+    assert hoist.plan(gm, [x]) is None
+    with torch.no_grad():
+        want = [WritesItsWeight.forward(m, x) for _ in range(2)]  # a += 1 each call
+        m.a.sub_(2.0)
+        compiled = compile_inductor(as_backend_compiles(gm), [x])  # (runs once: a += 1)
+        m.a.sub_(1.0)
+        got = [compiled.fn(x) for _ in range(2)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_views_of_parameters_stay_in_the_graph():
+    class Transposed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 8))
+
+        def forward(self, x):
+            return x @ self.w.t()
+
+    x = torch.randn(3, 8)
+    assert hoist.plan(torch.fx.symbolic_trace(Transposed()), [x]) is None
+
+
+def test_split_keeps_the_inputs_and_appends_the_hoisted_values():
+    torch.manual_seed(0)
+    m, x = Chunks().eval(), torch.randn(64, 256)
+    fast = optimus_egg.optimize(torch.fx.symbolic_trace(m), [x], budget_s=5.0, gemm_loops=True, strict=True)
+    p = hoist.plan(fast, [x])
+    prologue, main = hoist.split(fast, p)
+    names = [n.name for n in main.graph.nodes if n.op == "placeholder"]
+    assert names[0] == "x" and names[1:] == [f"hoisted_{k}" for k in range(len(p.outputs))]
+    sources = [fast.get_parameter(where) for kind, where in p.sources]
+    with torch.no_grad():
+        torch.testing.assert_close(main(x, *prologue(*sources)), m(x))
+    assert not any(n.op == "call_function" and n.target in (torch.stack, torch.cat) and
+                   all(a.op == "get_attr" for a in n.all_input_nodes) for n in main.graph.nodes)
