@@ -104,6 +104,17 @@ def test_kernel_order_script_end_to_end():
     assert all(loops <= order <= neither for neither, order, loops in counts.values()), counts
 
 
+def test_hoist_script_end_to_end():
+    """bench/hoist.py on parallel_mlp, two rounds: every arm matches eager, and computing the
+    stacked weights once takes a launch off both batched graphs (4 -> 3 measured)."""
+    import hoist
+
+    launches, ratio, ok = hoist.run("parallel_mlp", rounds=2)
+    assert ok and set(ratio) == set(hoist.ARMS)
+    assert launches["egg+hoist"] < launches["egg"], launches
+    assert launches["optimus+hoist"] < launches["optimus"], launches
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gemm_loops_script_end_to_end(dtype):
     """bench/gemm_loops.py on mmoe, inference, two rounds: values checked (in
