@@ -31,7 +31,8 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     the bool masks a CPU training graph saves for the backward as bytes (`mask_stores.py`), about
     8x faster than its vectorized bool store. With `hoist` (default) an inference graph's copies
     of parameters (the stacked weights of its batches) are computed once, and again only after
-    one of those parameters changes, not on every call (`hoist.py`; not with CUDA graphs). Either way Inductor compiles the backward
+    one of those parameters changes, not on every call (`hoist.py`; not where CUDA graphs replay
+    the graph). Either way Inductor compiles the backward
     without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug), and a training
     graph calling a `nested_compile_region` body whose results need a gradient without any
     buffer reuse (`baselines.SHARED_BODY_TRAINING`, and without the mask stores, which do not
@@ -72,7 +73,9 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
         from optimus_egg.pipeline import optimize
 
         shared = trains_a_shared_body(gm)  # (then compiled without buffer reuse, optimized or not)
-        cudagraphs = user.get("triton.cudagraphs", inductor_config.triton.cudagraphs)
+        # (CUDA graphs would copy each hoisted input into a static buffer on every replay)
+        cudagraphs = user.get("triton.cudagraphs", inductor_config.triton.cudagraphs) and any(
+            isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
 
         compile_inner = backward_patched(EGG_BACKWARD)
         extras = post_grad or kernel_order or gemm_loops or mask_stores  # Inductor options beyond plain torch.compile's

@@ -15,8 +15,9 @@ computes them again before a call where any parameter they read is another tenso
 storage (`data_ptr`, as after `p.data = ...`) or another version (every in-place write bumps
 it: an optimizer step, `load_state_dict`, `p.add_(1)` under no_grad). Views of parameters stay
 in the graph (free there). Inference only: a graph that computes gradients needs the stacks
-in it, as autograd nodes. The backend does this unless `backend(hoist=False)`, and not with
-CUDA graphs (Inductor would copy each hoisted input into its static buffer on every replay).
+in it, as autograd nodes. The backend does this unless `backend(hoist=False)`, and not for a CUDA
+graph with CUDA graphs on (Inductor would copy each hoisted input into its static buffer on every
+replay).
 """
 from __future__ import annotations
 
