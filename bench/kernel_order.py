@@ -9,7 +9,8 @@ passes (baselines.EGG_POST_GRAD) and the kernel order, an Inductor scheduler pas
 CPU graph's code into the fewest C++ kernels; `backend(gemm_loops=True)` adds small GEMMs as
 loops. Neither the order nor the loops are a search over rewrites: they would help any graph.
 So this prints, per model, the launches of each arm compiled three ways: with neither, with
-the kernel order, with the order and the GEMM loops: plain Inductor, Inductor + Optimus (its
+the kernel order, with the order and the GEMM loops (optimus_egg's parameter copies left per
+call, as the other arms': bench/hoist.py gives them all that): plain Inductor, Inductor + Optimus (its
 post-grad passes in training, as the bench's Optimus arm), and optimus_egg at 1 s (one
 optimized graph, with EGG_POST_GRAD's batching all three ways), and whether each compiled
 graph's values (and, in training, every parameter's gradient) equal eager's. Totals at the
@@ -54,7 +55,7 @@ def run(name: str, train: bool) -> tuple[dict[str, list[int]], bool]:
                 loops = {"post_grad_custom_post_pass": GEMM_LOOPS if way == "order+loops" else None}
                 if arm == "optimus_egg":  # the backend's config, the order toggled, the loops added
                     g = egg_loops if way == "order+loops" else egg
-                    as_backend_compiles(g, kernel_order=order, gemm_loops=way == "order+loops")
+                    as_backend_compiles(g, kernel_order=order, gemm_loops=way == "order+loops", hoist=False)
                     patches = None
                 else:
                     patches = {**KERNEL_ORDER, **loops} if order else None
