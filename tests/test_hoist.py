@@ -148,6 +148,27 @@ def test_a_parameter_the_graph_writes_into_is_not_hoisted():
         torch.testing.assert_close(g, w)
 
 
+def test_a_copy_the_graph_returns_stays_fresh_each_call():
+    class ReturnsItsStack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            w = torch.stack([self.a, self.b])
+            return x @ w.transpose(1, 2), torch.stack([self.a, self.b])
+
+    m, x = ReturnsItsStack(), torch.randn(2, 4, 8)
+    p = hoist.plan(torch.fx.symbolic_trace(m), [x])
+    assert p is not None and len(p.outputs) == 1  # the first stack only
+    compiled = torch.compile(m, backend=optimus_egg.backend(strict=True))
+    with torch.no_grad():
+        first = compiled(x)[1]
+        first.zero_()
+        torch.testing.assert_close(compiled(x)[1], torch.stack([m.a, m.b]))
+        torch.testing.assert_close(compiled(x)[0], m(x)[0])
+
+
 def test_views_of_parameters_stay_in_the_graph():
     class Transposed(nn.Module):
         def __init__(self):

@@ -3,13 +3,14 @@
 A batched linear or layer norm reads its members' weights stacked (`torch.stack`, `torch.cat`,
 `ops.stack_bias` of parameters), and so does Optimus's: a copy of every weight on every call,
 though in inference no parameter changes between calls. On the bench models compiled for the
-CPU that copy was most of what batching cost: masknet's optimus_egg graph ran 0.99 x plain
-Inductor with it and 0.70 x without, parallel_mlp 0.98 x and 0.72 x, one C++ kernel fewer
-each (bench/HISTORY.md).
+CPU that copy was most of what batching cost: masknet's optimus_egg graph ran 0.98 x plain
+Inductor with it and 0.78 x without, parallel_mlp 0.99 x and 0.78 x, one C++ kernel fewer
+each (`python bench/hoist.py`; README, Design).
 
 `plan` finds the part of a graph computed from parameters alone (`_COPIES` and `_VIEWS` ops
 over parameter placeholders or `get_attr` parameters that the graph never writes into) and
-the copies in it whose results the rest of the graph reads; `compile_hoisted` computes those
+the copies in it whose results the rest of the graph reads (not what it returns, nor any copy
+of a parameter it writes into); `compile_hoisted` computes those
 apart, compiles the rest with them as extra inputs, and returns a `Hoisted` callable that
 computes them again before a call where any parameter they read is another tensor, has other
 storage (`data_ptr`, as after `p.data = ...`) or another version (every in-place write bumps
@@ -89,10 +90,19 @@ def plan(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Plan | None:
     mutated = [n for n in gm.graph.nodes if is_mutation(n, modules)]
     written = written_aliases(gm.graph, modules, mutated) if mutated else set()
     sources = {n: s for n, s in sources.items() if n not in written}
+    # What the graph returns, and what that views: a fresh tensor each call, never one kept.
+    returned: set[fx.Node] = set()
+    todo = [a for n in gm.graph.nodes if n.op == "output" for a in n.all_input_nodes]
+    while todo:
+        n = todo.pop()
+        if n not in returned:
+            returned.add(n)
+            if _is_view(n):
+                todo.extend(n.all_input_nodes)
     # Nodes computed from sources alone by copies and views.
     region: set[fx.Node] = set(sources)
     for n in gm.graph.nodes:
-        if n not in written and (_is_copy(n) or _is_view(n)) and n.all_input_nodes \
+        if n not in written and n not in returned and (_is_copy(n) or _is_view(n)) and n.all_input_nodes \
                 and all(a in region for a in n.all_input_nodes):
             region.add(n)
     # The copies and what they read; the rest of the region (views downstream) stays in the graph.
