@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 
 def pytest_addoption(parser):
@@ -36,3 +37,28 @@ def saturated():
         g = serialize(lw.egraph)
         out[name] = (g, node_cost(lw, g), lw)
     return out
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches cleared before and after the test."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def reports(monkeypatch):
+    """Every Report optimize returns while the test runs (the torch.compile backend's calls included)."""
+    import optimus_egg.pipeline as pipeline
+
+    seen = []
+    real = pipeline.optimize
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out.meta["optimus_egg"])
+        return out
+
+    monkeypatch.setattr(pipeline, "optimize", spy)
+    return seen

@@ -21,11 +21,7 @@ class Parallel(nn.Module):
         return torch.cat([self.norms[i](torch.tanh(self.ls[i](xs[i]))) for i in range(self.n)], dim=1)
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # (tests/conftest.py)
 
 
 def test_backend_is_registered_by_entry_point():

@@ -48,11 +48,7 @@ class CatRows(Parallel):
         return (a + b).view(-1, 2, self.n * self.d // 2)
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # (tests/conftest.py)
 
 
 def dynamic_graph(model, xs=None):

@@ -5,7 +5,6 @@ import torch
 import torch.nn as nn
 
 import optimus_egg
-import optimus_egg.pipeline as pipeline
 from optimus_egg import hoist
 from optimus_egg.baselines import as_backend_compiles
 from optimus_egg.bench import GRAD_TOL
@@ -26,25 +25,7 @@ class Chunks(nn.Module):
         return torch.cat([self.norms[i](self.ls[i](parts[i])) for i in range(self.n)], 1)
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.fixture
-def reports(monkeypatch):
-    seen = []
-    real = pipeline.optimize
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        seen.append(out.meta["optimus_egg"])
-        return out
-
-    monkeypatch.setattr(pipeline, "optimize", spy)
-    return seen
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # (tests/conftest.py)
 
 
 def _hoisted(fn):

@@ -16,7 +16,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import optimus_egg
-import optimus_egg.pipeline as pipeline
 from optimus_egg.bench import GRAD_TOL, VALUE_TOL
 
 
@@ -145,21 +144,6 @@ def _tensors(out):
     if isinstance(out, (tuple, list)):
         return [t for v in out for t in _tensors(v)]
     return []
-
-
-@pytest.fixture
-def reports(monkeypatch):
-    """Every Report optimize returns while the test runs."""
-    seen = []
-    real = pipeline.optimize
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        seen.append(out.meta["optimus_egg"])
-        return out
-
-    monkeypatch.setattr(pipeline, "optimize", spy)
-    return seen
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])

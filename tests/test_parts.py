@@ -45,11 +45,7 @@ class TwoBlocks(nn.Module):
         return torch.cat([t.clone() for t in a] + b, 1)
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # (tests/conftest.py)
 
 
 def through_backend(model, *xs, **options):

@@ -46,28 +46,6 @@ def _optimize_exact(fn, *inputs, budget_s=1.0, exact=True):
     return out, out.meta["optimus_egg"]
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.fixture
-def reports(monkeypatch):
-    """Reports of every optimize call the torch.compile backend makes."""
-    seen = []
-    real = pipeline.optimize
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        seen.append(out.meta["optimus_egg"])
-        return out
-
-    monkeypatch.setattr(pipeline, "optimize", spy)
-    return seen
-
-
 # ---- mutation and aliasing (mirrors PyTorch's test_split_cat_merge_mutation) -----------------
 
 def _split_cat(x):
