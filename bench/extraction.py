@@ -12,7 +12,7 @@ above 1 = greedy loses; an ILP stopped by its time limit is only an upper bound,
 it starts from greedy's choice, so it never ends above greedy).
 
 Part 2, Spearman rank correlation between predicted and measured launches over every
-(model, arm) of the inference results in bench/results/<model>.csv (run
+(model, arm) of the float32 inference results in bench/results/<model>.csv (run
 `optimus-egg bench --all` first). Predicted = what optimize() would report as cost_after,
 re-derived here: the greedy DAG cost of the arm's extraction with the tie-breakers
 removed (plain Inductor: the unsaturated graph; optimus_egg@b: saturation at budget b;
@@ -44,7 +44,8 @@ import torch.fx as fx
 from optimus_egg import optimize
 from optimus_egg.ablation import rewrite_greedily
 from optimus_egg.baselines import as_backend_compiles, inductor_with_optimus
-from optimus_egg.bench import GREEDY_RULES, default_models, device_of, predicted_launches, read_results, spearman
+from optimus_egg.bench import (GREEDY_RULES, default_models, device_of, dtype_of, predicted_launches, read_results,
+                               spearman)
 from optimus_egg.extract.graph import serialize
 from optimus_egg.extract.greedy import greedy
 from optimus_egg.extract.ilp import ilp
@@ -127,7 +128,8 @@ def part1(models: list[str], ilp_limit: float) -> None:
 
 def part2(models: list[str]) -> None:
     rows = [r for r in read_results(RESULTS)
-            if r["mode"] == "infer" and device_of(r) == "cpu" and r["model"] in models and r["launches"]]
+            if r["mode"] == "infer" and device_of(r) == "cpu" and dtype_of(r) == "float32" and r["model"] in models
+            and r["launches"]]
     if not rows:
         print(f"Part 2: no inference results in {RESULTS}; run `optimus-egg bench --all` first")
         return
