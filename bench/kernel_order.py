@@ -10,8 +10,8 @@ CPU graph's code into the fewest C++ kernels; `backend(gemm_loops=True)` adds sm
 loops. Neither the order nor the loops are a search over rewrites: they would help any graph.
 So this prints, per model, the launches of each arm compiled three ways: with neither, with
 the kernel order, with the order and the GEMM loops (optimus_egg's parameter copies left per
-call, as the other arms': bench/hoist.py gives them all that): plain Inductor, Inductor + Optimus (its
-post-grad passes in training, as the bench's Optimus arm), and optimus_egg at 1 s (one
+call, as the other arms': bench/hoist.py gives them all that): plain Inductor, Inductor +
+Optimus (its post-grad passes in training, as the bench's Optimus arm), and optimus_egg at 1 s (one
 optimized graph, with EGG_POST_GRAD's batching all three ways), and whether each compiled
 graph's values (and, in training, every parameter's gradient) equal eager's. Totals at the
 end. One torch thread; launches are deterministic, so one run suffices.

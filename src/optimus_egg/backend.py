@@ -63,9 +63,8 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     user = _checked_inductor_options(inductor)
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
-        from torch._inductor.compile_fx import compile_fx
-
         from torch._inductor import config as inductor_config
+        from torch._inductor.compile_fx import compile_fx
 
         from optimus_egg import hoist as hoisting
         from optimus_egg.baselines import EGG_BACKWARD, SHARED_BODY_TRAINING, backend_patches, backward_patched
