@@ -706,6 +706,13 @@ def test_random_graph_optimizes_to_same_values(prog):
                                                  ("layer_norm", "affine", [0])),
                "split": "split", "out": "cat", "tap": None, "block": (0, 2, "checkpoint"), "special": False,
                "dtype": torch.float32, "seed": 0}, dynamic=True)
+# A cond branch returning one tensor twice (Dynamo allows it under no_grad), the first of the
+# two written in place after the cond: the rewritten branch cloned the second, which then missed
+# the write (parts._unaliased keeps the input's repeats).
+@example(prog={"n": 2, "d": 3, "b": 1, "steps": (("linear", "own", False, [0]), ("linear", "own", False, [0]),
+                                                 ("dropout", "F.dropout", [1]), ("inplace", "direct_add", 0)),
+               "split": "split", "out": "cat", "tap": (1, 0), "block": (0, 2, "cond"), "special": False,
+               "dtype": torch.float32, "seed": 0}, dynamic=False)
 def test_random_dynamo_graph_optimizes_to_same_values(prog, dynamic):
     """The same programs captured by Dynamo (parameters lifted to inputs, example_value meta;
     with dynamic=True, a symbolic batch size that static-shape rules skip)."""

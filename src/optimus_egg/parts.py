@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -65,10 +65,12 @@ FRESH_OUTPUT_OPS = UNALIASED_OPS | SHARED_OPS
 _SIZE_OPS = {torch.ops.aten.sym_size.int, operator.add, operator.mul, operator.floordiv}
 
 
-def _unaliased(graph: fx.Graph, returned):
+def _unaliased(graph: fx.Graph, returned, repeated: Sequence[bool] = ()):
     """`returned` (a body's output structure, the body's graph not yet given its output) with
     each view, input, or repeated node copied, the copies appended to the graph (after every
-    write a returned value may still get).
+    write a returned value may still get). A result the input body returned at an earlier
+    position too (`repeated`, per item of a tuple `returned`) is that earlier result again, not
+    a copy: the outputs alias as they did, so a write into one still shows in the other.
 
     An input or a repeated node is cloned. A view of a value the body computes (a piece of a
     batched result), or a clone of one, is multiplied by one instead: torch 2.13's Inductor
@@ -79,17 +81,23 @@ def _unaliased(graph: fx.Graph, returned):
     a fresh tensor ("expected same storage_offset"), while a multiplication by a Python scalar
     is computed into a buffer of its own (bool: and with True)."""
     seen: set[fx.Node] = set()
+    made: dict[fx.Node, fx.Node] = {}  # a result -> what was returned for it first
 
     def fresh(a: fx.Node) -> fx.Node:
         if not _may_be_tensor(a):
             return a
+        original = a
         if _is_view(_uncloned(a)):
             a = _computed_copy(graph, a)
         elif a.op in ("placeholder", "get_attr") or a in seen:
             a = graph.call_function(torch.clone, (a,))
         seen.add(a)
+        made.setdefault(original, a)
         return a
 
+    if isinstance(returned, (tuple, list)) and len(repeated) == len(returned):
+        return type(returned)(made[r] if again and isinstance(r, fx.Node) and r in made else fx.node.map_arg(r, fresh)
+                              for r, again in zip(returned, repeated))
     return fx.node.map_arg(returned, fresh)
 
 
@@ -656,7 +664,9 @@ class Plan:
                 returned = type(returned)(bg.call_method("detach", (r,)) if g and not w and isinstance(r, fx.Node) else r
                                           for r, g, w in zip(returned, got, need))
             if _name(p.calls[0].target) in FRESH_OUTPUT_OPS:
-                returned = _unaliased(bg, returned)
+                before = _returned_nodes(old)
+                repeated = [isinstance(r, fx.Node) and r in before[:k] for k, r in enumerate(before)]  # (aliases)
+                returned = _unaliased(bg, returned, repeated)
             new_bodies[p.body] = self._body_module(old, bg, returned)
 
         # The outer graph: each stretch's nodes where its first node was.
