@@ -33,7 +33,7 @@ inputs and parameters that feed only GEMMs are one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch.fx as fx
 from optimus_egg.extract.launch_cost import (CPU_TABLES, GEMM_TARGETS, REDUCTION_TARGETS, VIEW_TARGETS,
@@ -69,12 +69,14 @@ Shape = tuple[int, ...]
 
 
 def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None] | None = None,
-                   table: str = "cpu", strided_of: Callable[[fx.Node], bool] | None = None) -> int:
+                   table: str = "cpu", strided_of: Callable[[fx.Node], bool] | None = None,
+                   leaves: Collection[fx.Node] = ()) -> int:
     """Predicted Inductor kernel launches of `gm` (extern calls + fused kernels). With
     `shape_of` (a node's tensor shape, None where unknown), GEMMs that the target (`table`,
     launch_cost.py) computes as elementwise code fuse like elementwise ops; `strided_of` (is a
     node's value read with non-contiguous rows: shapes.rows_strided; default never) tells the
-    GEMMs whose loops would not vectorize, which stay calls."""
+    GEMMs whose loops would not vectorize, which stay calls. `leaves`: nodes computed outside
+    the compiled graph (hoist.py's parameter copies), inputs to it."""
     kind: dict[fx.Node, str] = {}   # leaf | view | extern | compute
     leafy: dict[fx.Node, bool] = {}  # computed from graph inputs / parameters only
     modules = dict(gm.named_modules(remove_duplicate=False))
@@ -83,7 +85,7 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
     for n in gm.graph.nodes:
         if n not in live:
             continue  # dead code: Inductor removes it
-        if n.op in ("placeholder", "get_attr"):
+        if n.op in ("placeholder", "get_attr") or n in leaves:
             kind[n], leafy[n] = "leaf", True
             continue
         if n.op == "output":

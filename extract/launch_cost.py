@@ -166,6 +166,20 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
     return a[1] == 1 and a[0] != 1 and b[1] != 1 and a[0] + b[1] <= 32
 
 
+def batch_of_loops(x: tuple[int, ...] | None, w: tuple[int, ...] | None, table: str = "cpu") -> bool:
+    """Is batched_linear(x [G, *, K], w [G, O, K]) a call (past MAX_MACS) whose G members the
+    loops would write as code apart? Its price is then the call's plus its members' apart: on
+    CPU the members' code fuses into the kernels around them, so the call can only add a
+    launch and cut the code around it in two. Priced at the call alone, the search batched
+    illustrative's groups of 16 [32, 16] @ [16, 16] linears into 6 calls around 6 runs of code
+    (12 launches; the fusion estimate then kept the input, 2); priced so, it batches the layer
+    norms and pointwise ops between the linears and leaves them apart: 1 launch
+    (illustrative_1k 5 -> 3)."""
+    if not x or not w or len(x) < 2 or len(w) != 3:
+        return False
+    return loops_gemm(math.prod(x[1:]) * w[1], table) and not loops_gemm(math.prod(x) * w[1], table)
+
+
 def elementwise_batched_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bias: bool,
                                table: str = "cpu") -> bool:
     """Is batched_linear(x [G, *, K], w [G, O, K]) one the target computes as elementwise code?

@@ -302,6 +302,51 @@ def test_loop_gemms_group_only_in_large_numbers(n):
 
 
 
+class _PerFeatureNorm(nn.Module):
+    """`n` features, each Linear(16, 16) on its own [32, 16] input, LayerNorm, relu (illustrative's layers)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.ReLU()) for _ in range(n))
+
+    def forward(self, x):
+        return torch.cat([f(x[:, 16 * i:16 * (i + 1)]) for i, f in enumerate(self.layers)], 1)
+
+
+def test_a_call_batching_loop_gemms_costs_its_members_apart(monkeypatch):
+    """16 [32, 16] @ [16, 16] linears batched are one call past MAX_MACS, while each apart is
+    code the loops fuse with its neighbours: priced as the call plus its members
+    (launch_cost.batch_of_loops), the search batches the layer norms between them and leaves
+    the linears apart, and the compile launches what the estimate predicts, no more than the
+    input's, with the same values. Priced at the call alone, the search batches the linears
+    too, and the fusion estimate, counting the calls, keeps the input."""
+    from optimus_egg import optimize
+    from optimus_egg.baselines import as_backend_compiles
+    from optimus_egg.extract import launch_cost as lc
+    from optimus_egg.testing import fired
+
+    assert lc.batch_of_loops((16, 32, 16), (16, 16, 16), lc.LOOPS)
+    assert not lc.batch_of_loops((16, 32, 16), (16, 16, 16), "cpu")
+    assert not lc.batch_of_loops((4, 8, 16), (4, 16, 16), lc.LOOPS)       # the batch is code too
+    assert not lc.batch_of_loops((16, 64, 64), (16, 64, 64), lc.LOOPS)    # each member a call
+    torch.manual_seed(0)
+    model, x = _PerFeatureNorm(16).eval(), torch.randn(32, 256)
+    gm = fx.symbolic_trace(model)
+    with torch.no_grad():
+        out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, hoisted=True)
+        report = out.meta["optimus_egg"]
+        assert fired(report, "batch-linear") and fired(report, "batch-layernorm"), report
+        targets = {getattr(n.target, "__name__", n.target) for n in out.graph.nodes}
+        assert "batched_layer_norm" in targets and "batched_linear" not in targets, targets
+        assert report.changed and report.launches_after <= report.launches_before, report
+        c = compile_inductor(as_backend_compiles(out), [x])
+        assert c.launches.total == report.launches_after, (c.launches, report)
+        torch.testing.assert_close(c.fn(x), model(x))
+        monkeypatch.setattr("optimus_egg.pipeline.batch_of_loops", lambda *a: False)
+        alone = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, hoisted=True).meta["optimus_egg"]
+        assert not alone.changed and "fusion estimate" in alone.kept_input, alone
+
+
 class _TwoInputs(nn.Module):
     """Two chains apart, each a large GEMM (a call) then a small one (code with the loops): two
     fused groups, one C++ run of code after both calls."""

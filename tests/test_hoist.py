@@ -176,3 +176,41 @@ def test_split_keeps_the_inputs_and_appends_the_hoisted_values():
         torch.testing.assert_close(main(x, *prologue(*sources)), m(x))
     assert not any(n.op == "call_function" and n.target in (torch.stack, torch.cat) and
                    all(a.op == "get_attr" for a in n.all_input_nodes) for n in main.graph.nodes)
+
+
+class TwoHeads(nn.Module):
+    """Two linears reading one input: batched as one GEMM over their concatenated weights."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        return torch.relu(self.a(x)), torch.tanh(self.b(x))
+
+
+def test_optimize_prices_parameter_copies_computed_once_as_free():
+    torch.manual_seed(0)
+    m, x = TwoHeads().eval(), torch.randn(64, 64)
+    gm = torch.fx.symbolic_trace(m)
+    with torch.no_grad():
+        per_call = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True)
+        once = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True, hoisted=True)
+        want = m(x)
+    a, b = per_call.meta["optimus_egg"], once.meta["optimus_egg"]
+    assert a.matches.get("batch-linear-lhs") and b.matches.get("batch-linear-lhs")
+    # the same graph, the concatenation of weights and of biases priced as copies or as nothing
+    assert b.cost_after < a.cost_after - 0.4, (a.cost_after, b.cost_after)
+    assert a.launches_after == b.launches_after + 1, (a.launches_after, b.launches_after)
+    compiled = compile_inductor(as_backend_compiles(once, gemm_loops=False, hoist=True), [x])
+    assert compiled.launches.total == b.launches_after, (compiled.launches, b.launches_after)
+    for got, w in zip(compiled.fn(x), want):
+        torch.testing.assert_close(got, w)
+    with torch.no_grad():  # in training the copies stay in the graph: priced as copies
+        trained = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True, hoisted=True, training=True)
+    assert trained.meta["optimus_egg"].cost_after == pytest.approx(a.cost_after)
+
+
+def test_optimize_checks_hoisted():
+    with pytest.raises(TypeError, match="hoisted must be a bool"):
+        optimus_egg.optimize(torch.fx.symbolic_trace(TwoHeads()), [torch.randn(2, 64)], hoisted="yes")

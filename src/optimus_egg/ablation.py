@@ -102,7 +102,8 @@ class GreedyReport:
 
 
 def rewrite_greedily(gm: fx.GraphModule, example_inputs, *, max_passes: int = 4,
-                     strict: bool = False, gemm_loops: bool = False, training: bool | None = None) -> fx.GraphModule:
+                     strict: bool = False, gemm_loops: bool = False, training: bool | None = None,
+                     hoisted: bool = False) -> fx.GraphModule:
     """Rewrite ``gm`` one rule family at a time, committing each family's result; same values.
 
     Each step is ``optimize(current, example_inputs, budget_s=STEP_BUDGET_S, disable=[every
@@ -112,8 +113,8 @@ def rewrite_greedily(gm: fx.GraphModule, example_inputs, *, max_passes: int = 4,
     ``max_passes`` passes ran. Between steps a batch's biases stay stacked (to_fx
     ``biases_stacked``), so a later step reads the batch whole; the result adds them per row
     where optimize's own result would. Bad arguments raise TypeError / ValueError (the first step's
-    optimize checks ``gm`` and ``example_inputs``); ``strict``, ``gemm_loops`` and ``training``
-    are passed to every step. The
+    optimize checks ``gm`` and ``example_inputs``); ``strict``, ``gemm_loops``, ``training`` and
+    ``hoisted`` are passed to every step. The
     result carries a ``GreedyReport`` in ``meta["optimus_egg_greedy"]``.
     """
     if isinstance(max_passes, bool) or not isinstance(max_passes, int):
@@ -133,7 +134,7 @@ def rewrite_greedily(gm: fx.GraphModule, example_inputs, *, max_passes: int = 4,
                 keep = {family, *FACTS}
                 current = optimize(current, example_inputs, STEP_BUDGET_S, strict=strict,
                                    disable=[f for f in SCHEDULE_ORDER if f not in keep], limits=STEP_LIMITS,
-                                   gemm_loops=gemm_loops, training=training)
+                                   gemm_loops=gemm_loops, training=training, hoisted=hoisted)
                 step = GreedyStep(family, report.passes, current.meta.pop("optimus_egg"))
                 report.steps.append(step)
                 matches.update(step.report.matches)

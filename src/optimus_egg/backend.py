@@ -32,7 +32,7 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     8x faster than its vectorized bool store. With `hoist` (default) an inference graph's copies
     of parameters (the stacked weights of its batches) are computed once, and again only after
     one of those parameters changes, not on every call (`hoist.py`; not where CUDA graphs replay
-    the graph). Either way Inductor compiles the backward
+    the graph), and optimize prices them so (`optimize(..., hoisted=True)`). Either way Inductor compiles the backward
     without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug), and a training
     graph calling a `nested_compile_region` body whose results need a gradient without any
     buffer reuse (`baselines.SHARED_BODY_TRAINING`, and without the mask stores, which do not
@@ -108,7 +108,8 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
             return compile_fx(g, inputs, inner_compile=inner if with_extras else compile_inner,
                               config_patches=patches or None)
 
-        out = optimize(gm, list(example_inputs), budget_s, gemm_loops=gemm_loops, buffer_reuse=not shared, **options)
+        out = optimize(gm, list(example_inputs), budget_s, gemm_loops=gemm_loops, buffer_reuse=not shared,
+                       hoisted=hoist and not cudagraphs, **options)
         try:  # (with every switch off, still body_outputs.BODY_OUTPUTS: backend_patches)
             if hoist and not cudagraphs and not hoisting.grads_needed(out, example_inputs):
                 compiled = hoisting.compile_hoisted(out, example_inputs, lambda g, xs: inductor(g, True, xs))

@@ -110,6 +110,7 @@ class Lowered:
     strided: set[fx.Node] = field(default_factory=set)  # values whose rows are not contiguous (shapes.rows_strided)
     out_of_place: int = 0                 # writes into fresh values made out-of-place (functional.py); gm is then a copy
     training: bool = False                # priced for a compile with a backward (optimize's `training`)
+    fixed_leaves: frozenset[str] = frozenset()  # parameters whose copies are computed once (optimize's `hoisted`)
 
 
 # ---- the vocabulary ------------------------------------------------------------------

@@ -40,6 +40,9 @@ _VIEWS = {torch.transpose, torch.t, torch.permute, torch.reshape, torch.flatten,
           torch.squeeze, torch.movedim, operator.getitem}
 _VIEW_METHODS = {"t", "transpose", "permute", "reshape", "view", "flatten", "unflatten", "unsqueeze", "squeeze",
                  "movedim", "expand"}
+# The same ops by name, as the e-graph's call templates and its own view constructors name them
+# (pipeline.fixed_classes).
+VIEW_NAMES = _VIEW_METHODS | {"getitem"}
 
 
 @dataclass(frozen=True)
@@ -79,17 +82,26 @@ def _parameter_sources(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dic
     return out
 
 
-def plan(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Plan | None:
-    """The parameter-only copies of `gm` worth computing once (None: there are none)."""
+def fixed_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]
+                     ) -> tuple[dict[fx.Node, tuple[str, Any]], set[fx.Node]]:
+    """The parameters of `gm` (placeholders and `get_attr` nodes: their `Plan.sources` entries)
+    that the graph never writes into, and the nodes it writes into."""
     from optimus_egg.from_fx import _submodules, is_mutation, written_aliases
 
     sources = _parameter_sources(gm, example_inputs)
     if not sources:
-        return None
+        return {}, set()
     modules = _submodules(gm)
     mutated = [n for n in gm.graph.nodes if is_mutation(n, modules)]
     written = written_aliases(gm.graph, modules, mutated) if mutated else set()
-    sources = {n: s for n, s in sources.items() if n not in written}
+    return {n: s for n, s in sources.items() if n not in written}, written
+
+
+def plan(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Plan | None:
+    """The parameter-only copies of `gm` worth computing once (None: there are none)."""
+    sources, written = fixed_parameters(gm, example_inputs)
+    if not sources:
+        return None
     # What the graph returns, and what that views: a fresh tensor each call, never one kept.
     returned: set[fx.Node] = set()
     todo = [a for n in gm.graph.nodes if n.op == "output" for a in n.all_input_nodes]

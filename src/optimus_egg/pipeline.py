@@ -22,12 +22,12 @@ import torch
 import torch.fx as fx
 from torch.fx.graph_module import _copy_attr
 
-from optimus_egg import ops, parts, worker
+from optimus_egg import hoist, ops, parts, worker
 from optimus_egg.extract.fusion_cost import MAY_COPY, fused_launches, node_kind
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
-from optimus_egg.extract.launch_cost import (GEMM_TARGETS, elementwise_batched_linear, elementwise_linear,
-                                             elementwise_matmul, launch_cost, scalar_gemm_price)
+from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, elementwise_batched_linear,
+                                             elementwise_linear, elementwise_matmul, launch_cost, scalar_gemm_price)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, _returns_input, from_fx, is_mutation
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
@@ -150,10 +150,13 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
     scale = WORK_EPS / work_unit(lowered) if with_work else 0.0
     elementwise = launch_cost("unary", None, table)
     scalar_gemm = scalar_gemm_price(table, lowered.training)
+    fixed = fixed_classes(lowered, g)
 
     def cost(n: Node) -> float:
         if n.op in ("cat", "stack") and all(_none(g, c) for c in g.values[n.children[0]]):
             return 0.0  # the biases of a group without any: to_fx emits nothing for them
+        if fixed and n.op in _FIXED_COPIES and _fixed_node(lowered, g, n, fixed):
+            return 0.0  # a copy of parameters computed once (optimize's hoisted)
         key = (n.op, g.values[n.children[0]]) if n.op in ("call", "call_multi", "unary") else (n.op, None)
         c = memo.get(key)
         if c is None:
@@ -170,6 +173,8 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
                 else scalar_gemm
         elif n.op == "batched_linear" and elementwise_batched_linear(x, w, not _no_bias(g, n.children[2]), table):
             launches = elementwise
+        elif n.op == "batched_linear" and batch_of_loops(x, w, table):
+            launches += w[0] * elementwise  # a call, never cheaper than its members apart
         elif c[1] in ("mm", "bmm", "matmul") and n.op == "call":
             args = g.values[n.children[1]]
             a, b = (shapes.get(args[0]), shapes.get(args[1])) if len(args) >= 2 else (None, None)
@@ -177,6 +182,68 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
                 launches = elementwise if elementwise_matmul(a, b, table, strided.issuperset(args[:2])) else scalar_gemm
         return launches + scale * work(g, n, shapes, size, c[1]) if launches and scale else launches
     return cost
+
+
+# e-graph constructors that copy, and those that view, as hoist.py takes them
+_FIXED_COPIES = ("cat", "stack", "flatten")
+_FIXED_VIEWS = ("movedim", "flatten", "unflatten", "squeeze", "reshape")
+
+
+def fixed_leaves(lowered: Lowered, inputs: list) -> frozenset[str]:
+    """The leaf names of the parameters whose copies a hoisting compile computes once
+    (hoist.fixed_parameters: the graph never writes into them), module parameters of a
+    call_module (from_fx's `attr:` leaves) among them."""
+    fixed, _ = hoist.fixed_parameters(lowered.gm, inputs)
+    names = {n.name for n in fixed}
+    for name, leaf in lowered.leaves.items():
+        if isinstance(leaf, str):  # "attr:" + a module parameter's target
+            try:
+                if isinstance(lowered.gm.get_parameter(leaf), torch.nn.Parameter):
+                    names.add(name)
+            except AttributeError:
+                pass
+    return frozenset(names)
+
+
+def _fixed_node(lowered: Lowered, g: Graph, n: Node, fixed: set[str]) -> bool:
+    """Is node `n` a parameter (`lowered.fixed_leaves`), a missing bias, or a copy or view of
+    classes in `fixed` alone?"""
+    if n.op == "input":
+        return g.values[n.children[0]] in lowered.fixed_leaves
+    if n.op == "none":
+        return True
+    if n.op in ("cat", "stack"):
+        return all(c in fixed for c in g.values[n.children[0]])
+    if n.op in _FIXED_VIEWS:
+        return n.children[0] in fixed
+    if n.op == "call" and _name(lowered.templates[g.values[n.children[0]]].target) in hoist.VIEW_NAMES:
+        tensors = [c for c in g.values[n.children[1]] if isinstance(c, str) and c in g.classes]
+        return bool(tensors) and all(c in fixed for c in tensors)
+    return False
+
+
+def fixed_classes(lowered: Lowered, g: Graph) -> set[str]:
+    """The classes of `g` computed from fixed parameters alone (`_fixed_node`); empty unless
+    priced for hoisting (`lowered.fixed_leaves`)."""
+    fixed: set[str] = set()
+    if not lowered.fixed_leaves:
+        return fixed
+    grew = True
+    while grew:
+        grew = False
+        for cls, ids in g.classes.items():
+            if cls not in fixed and any(_fixed_node(lowered, g, g.nodes[k], fixed) for k in ids):
+                fixed.add(cls)
+                grew = True
+    return fixed
+
+
+def computed_once(lowered: Lowered, gm: fx.GraphModule, inputs: list) -> set[fx.Node]:
+    """The nodes of `gm` a hoisting compile computes outside it (hoist.plan), where priced so."""
+    if not lowered.fixed_leaves:
+        return set()
+    p = hoist.plan(gm, inputs)
+    return set(p.nodes) if p is not None else set()
 
 
 def strided_classes(lowered: Lowered, g: Graph) -> set[str]:
@@ -239,7 +306,7 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, strict: bool = False,
              disable: tuple[str, ...] | list[str] = (), limits: Limits | None = None,
              verify: bool = False, gemm_loops: bool = False, training: bool | None = None,
-             buffer_reuse: bool = True) -> fx.GraphModule:
+             buffer_reuse: bool = True, hoisted: bool = False) -> fx.GraphModule:
     """Rewrite `gm` to launch fewer kernels; returns a new GraphModule with the same values.
 
     budget_s bounds the saturation search (0: no search, an equivalent graph comes back, its
@@ -262,6 +329,10 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     left as it is unless False (then the body is rewritten too): torch 2.13's Inductor trained
     such graphs rewritten around the calls to wrong gradients with the reuse on
     (baselines.SHARED_BODY_TRAINING; the backend compiles such graphs without it and passes False).
+    hoisted: price the graph as compiled with its parameter-only copies computed once, outside
+    the compiled graph (hoist.py; the backend's hoist option): a stack or cat of parameters the
+    graph never writes into then costs nothing per call. Inference only: where `training`, the
+    copies stay in the graph and are priced there. Prices only; values never change.
     """
     _check_args(gm, example_inputs, budget_s, disable)
     if not isinstance(gemm_loops, bool):
@@ -270,6 +341,8 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
         raise TypeError(f"optimize: training must be a bool or None, got {type(training).__name__}")
     if not isinstance(buffer_reuse, bool):
         raise TypeError(f"optimize: buffer_reuse must be a bool, got {type(buffer_reuse).__name__}")
+    if not isinstance(hoisted, bool):
+        raise TypeError(f"optimize: hoisted must be a bool, got {type(hoisted).__name__}")
     inputs = check_inputs(gm, example_inputs)
     if training is None:
         training = torch.is_grad_enabled() and any(
@@ -280,7 +353,7 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
         with state_kept(gm, inputs):  # (running the graph for its values may change the caller's state)
             with worker.frozen_heap():
                 result = _optimize(gm, inputs, budget_s, disable, limits or Limits(), report, gemm_loops, training,
-                                   buffer_reuse)
+                                   buffer_reuse, hoisted and not training)
             if verify and result is not gm and not _same_values(gm, result, inputs):
                 raise RuntimeError("verify: the optimized graph's values differ from the input graph's")
             if result is not gm:
@@ -341,7 +414,7 @@ FIRST_ITERATION_S_PER_NODE = 2e-5
 
 
 def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, training=False,
-              buffer_reuse=True) -> fx.GraphModule:
+              buffer_reuse=True, hoisted=False) -> fx.GraphModule:
     if training and budget_s > 0 and buffer_reuse and parts.trains_a_shared_body(gm):
         report.kept_input = ("in training, a graph calling a nested_compile_region body a gradient reaches stays as "
                              "it is where it is compiled with Inductor's buffer reuse (optimize's buffer_reuse)")
@@ -350,7 +423,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
         report.kept_input = "a graph calling a body that writes into its inputs stays as it is"
         return gm
     if parts.has_state_changes(gm) or (budget_s > 0 and parts.bodies(gm)):
-        return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training, buffer_reuse)
+        return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training, buffer_reuse, hoisted)
     if 0 < budget_s < FIRST_ITERATION_S_PER_NODE * len(gm.graph.nodes):
         report.stop_reason = "budget"  # cost_before stays NaN: the input was not priced
         return gm
@@ -360,13 +433,15 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
     meanwhile = (lambda: warm(rulesets)) if budget_s > 0 else None
     lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile, gemm_loops=gemm_loops)
     lowered.training = training
+    if hoisted:
+        lowered.fixed_leaves = fixed_leaves(lowered, inputs)
     report.groups = lowered.groups
     report.out_of_place = lowered.out_of_place
     src = lowered.gm  # gm, or its copy with writes into fresh values made out-of-place
     report.cost_table = lowered.cost_table
     report.timings["from_fx"] = time.perf_counter() - t
 
-    before = _Before(src, lowered, report)
+    before = _Before(src, lowered, report, inputs)
     if budget_s == 0:
         before.measure()
         report.stop_reason = "budget"
@@ -396,7 +471,8 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
     report.launches_before = before.launches()
     strided = strided_classes(lowered, g1)
     report.launches_after = fused_launches(out, lambda n: _tensor_shape(shapes.get(classes.get(n))),
-                                           lowered.cost_table, lambda n: classes.get(n) in strided)
+                                           lowered.cost_table, lambda n: classes.get(n) in strided,
+                                           computed_once(lowered, out, inputs))
     if report.launches_after > report.launches_before:
         report.kept_input = (f"the fusion estimate predicts {report.launches_after} launches for the result, "
                              f"{report.launches_before} for the input")
@@ -608,13 +684,14 @@ def _reached_leaves(gm: fx.GraphModule, inputs, reach: set[fx.Node] | None = Non
     return ins, {n.target for n in reach if n.op in ("get_attr", "call_module")}
 
 
-def _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training, buffer_reuse) -> fx.GraphModule:
+def _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training, buffer_reuse,
+             hoisted) -> fx.GraphModule:
     """A graph with stretches between grad-mode / autocast changes or checkpointed bodies: its
     parts side by side in one graph, optimized once (parts.py)."""
     def one(combined: fx.GraphModule, example_values: list) -> fx.GraphModule:
         try:
             return _optimize(combined, example_values, budget_s, disable, limits, report, gemm_loops, training,
-                             buffer_reuse)
+                             buffer_reuse, hoisted)
         except ValueError as e:  # the parts' example values come from meta, not the caller
             raise RuntimeError(f"the graph's parts (parts.py): {e}") from e
 
@@ -627,8 +704,8 @@ class _Before:
     result must beat, and how long an extraction takes) and its whole-graph launch estimate.
     With a worker, the parent measures these while the worker searches."""
 
-    def __init__(self, gm: fx.GraphModule, lowered: Lowered, report: Report):
-        self.gm, self.lowered, self.report = gm, lowered, report
+    def __init__(self, gm: fx.GraphModule, lowered: Lowered, report: Report, inputs: list):
+        self.gm, self.lowered, self.report, self.inputs = gm, lowered, report, inputs
         self.measured = False
         self.serialize_s = 0.0  # of the seed graph, which predicts the search's extraction time
 
@@ -648,7 +725,8 @@ class _Before:
         """The input graph's whole-graph launch estimate (extract/fusion_cost.py)."""
         if self.launches_before is None:
             self.launches_before = fused_launches(self.gm, self.lowered.shapes.get, self.lowered.cost_table,
-                                                  self.lowered.strided.__contains__)
+                                                  self.lowered.strided.__contains__,
+                                                  computed_once(self.lowered, self.gm, self.inputs))
         return self.launches_before
 
 
