@@ -25,9 +25,8 @@ own pred_launches column: the whole-graph estimate with Inductor's fusion
 kernel order (src/optimus_egg/kernel_order.py), as the backend compiles, which is what the
 estimate predicts ("ordered"), and against the bench's measured launches (the kernel order in
 the optimus_egg arms only). The optimus_egg and greedy-rules arms are priced and compiled as
-the bench's are, with the backend's GEMM loops (src/optimus_egg/gemm_loops.py), but with their
-parameter copies left in the graph (the estimate prices the graph; the bench's inference arms
-compute those copies once, src/optimus_egg/hoist.py). Spearman is computed with numpy (scipy is not installed):
+the bench's are, with the backend's GEMM loops (src/optimus_egg/gemm_loops.py) and their
+parameter copies computed once (src/optimus_egg/hoist.py; `optimize(..., hoisted=True)`). Spearman is computed with numpy (scipy is not installed):
 Pearson correlation of average ranks.
 """
 from __future__ import annotations
@@ -54,7 +53,7 @@ from optimus_egg.kernel_order import KERNEL_ORDER
 from optimus_egg.measure import compile_inductor
 from optimus_egg.shapes import check_inputs
 from optimus_egg.models import build
-from optimus_egg.pipeline import node_cost
+from optimus_egg.pipeline import fixed_leaves, node_cost
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER
 from optimus_egg.saturate import Limits, saturate
 
@@ -73,10 +72,14 @@ def traced(name: str):
     return gm, check_inputs(gm, list(inputs))
 
 
-def saturated(gm, inputs, budget_s: float, limits: Limits | None = None, gemm_loops: bool = False):
+def saturated(gm, inputs, budget_s: float, limits: Limits | None = None, gemm_loops: bool = False,
+              hoisted: bool = False):
     """The pipeline up to extraction: (before, after) as (graph, cost fn, greedy extraction,
-    launch-only cost fn); priced for the GEMM loops where `gemm_loops`, as optimize() is."""
+    launch-only cost fn); priced for the GEMM loops where `gemm_loops` and with the parameter
+    copies computed once where `hoisted`, as optimize() is."""
     lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, gemm_loops=gemm_loops)
+    if hoisted:
+        lowered.fixed_leaves = fixed_leaves(lowered, inputs)
     g0 = serialize(lowered.egraph)
     c0 = node_cost(lowered, g0)
     before = (g0, c0, greedy(g0, c0), node_cost(lowered, g0, with_work=False))
@@ -89,8 +92,9 @@ def saturated(gm, inputs, budget_s: float, limits: Limits | None = None, gemm_lo
     return before, (g1, c1, greedy(g1, c1), node_cost(lowered, g1, with_work=False)), sat
 
 
-def predicted(gm, inputs, budget_s: float, limits: Limits | None = None, gemm_loops: bool = False) -> float:
-    before, after, _ = saturated(gm, inputs, budget_s, limits, gemm_loops)
+def predicted(gm, inputs, budget_s: float, limits: Limits | None = None, gemm_loops: bool = False,
+              hoisted: bool = False) -> float:
+    before, after, _ = saturated(gm, inputs, budget_s, limits, gemm_loops, hoisted)
     if after[2].cost >= before[2].cost - 1e-9:  # optimize() keeps the input graph
         return launches(*before)
     return launches(*after)
@@ -148,11 +152,12 @@ def part2(models: list[str]) -> None:
             pred, graph = predicted(gm, inputs, 0.0), gm
         elif arm.startswith("optimus_egg@"):
             b = float(arm[len("optimus_egg@"):-1])
-            pred = predicted(gm, inputs, b, gemm_loops=True)  # the bench's arms: the backend's GEMM loops
-            graph = as_backend_compiles(optimize(gm, inputs, budget_s=b, gemm_loops=True, training=False), hoist=False)
+            pred = predicted(gm, inputs, b, gemm_loops=True, hoisted=True)  # the bench's arms: as the backend
+            graph = as_backend_compiles(optimize(gm, inputs, budget_s=b, gemm_loops=True, training=False,
+                                                 hoisted=True))
         elif arm == GREEDY_RULES:
-            graph = as_backend_compiles(rewrite_greedily(gm, inputs, gemm_loops=True, training=False), hoist=False)
-            pred = predicted(graph, inputs, 0.0, gemm_loops=True)
+            graph = as_backend_compiles(rewrite_greedily(gm, inputs, gemm_loops=True, training=False, hoisted=True))
+            pred = predicted(graph, inputs, 0.0, gemm_loops=True, hoisted=True)
         else:
             pred = math.nan  # Optimus's graph has no optimize() report
             graph = inductor_with_optimus(gm, inputs, post_grad=False)
@@ -161,7 +166,7 @@ def part2(models: list[str]) -> None:
         ordered = float(compile_inductor(graph, inputs, config_patches=KERNEL_ORDER).launches.total)
         col = float(r["pred_launches"]) if r.get("pred_launches") not in (None, "", "nan") else math.nan
         loops = arm != "inductor" and arm != "optimus"
-        now = predicted_launches(graph, inputs, loops)  # the fusion estimate as it is now, on the arm's graph
+        now = predicted_launches(graph, inputs, loops, loops)  # the fusion estimate as it is now, on the arm's graph
         if not math.isnan(pred):
             pairs.append((pred, measured))
             per_model.setdefault(name, []).append((pred, measured))

@@ -568,7 +568,7 @@ def test_fused_launches_with_shapes_fuses_gemms_inductor_computes_elementwise():
     assert measured.extern == 1
     assert fused_launches(gm, lowered.shapes.get) == measured.total
     assert fused_launches(gm) > measured.total  # both taken for extern calls
-    assert _Before(gm, lowered, Report()).launches() == measured.total  # what optimize() compares against
+    assert _Before(gm, lowered, Report(), inputs).launches() == measured.total  # what optimize() compares against
     out = optimize(gm, inputs, budget_s=1.0)  # and the result's estimate, from its e-classes' shapes
     report = out.meta["optimus_egg"]
     assert report.changed and calls(out, torch.split) == 0
