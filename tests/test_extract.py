@@ -1,7 +1,9 @@
 """Extraction: DAG-aware greedy picks shared batched kernels, stays acyclic, and tracks the ILP."""
 import time
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -672,3 +674,23 @@ def test_a_cat_of_missing_biases_costs_nothing():
     assert all(a is not None for n in out.graph.nodes if n.target is torch.cat for a in n.args[0])
     with torch.no_grad():
         torch.testing.assert_close(out(x), gm(x))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_cycle_check_with_levels_agrees_with_the_full_search(data):
+    """greedy._reaches pruned by the levels of the choice before a switch (what _swap passes)
+    answers as the unpruned search, on random DAGs and a switch of one class to a node with
+    random children (a cycle or not)."""
+    from optimus_egg.extract.greedy import _levels, _reaches
+
+    n = data.draw(st.integers(2, 12))
+    kid_ids = [sorted(data.draw(st.sets(st.integers(i + 1, n - 1), max_size=3))) if i < n - 1 else []
+               for i in range(n)]  # node i is class i's: children of higher index, a DAG
+    choice = {i: i for i in range(n)}
+    c = data.draw(st.integers(0, n - 1))
+    kid_ids.append(sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=3))))  # the switch's node
+    new = {**choice, c: n}
+    level = _levels(0, choice, kid_ids)
+    assert all(level[k] < level[i] for i in level for k in kid_ids[i])
+    assert _reaches(kid_ids[n], c, new, kid_ids, level) == _reaches(kid_ids[n], c, new, kid_ids)
