@@ -168,13 +168,16 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
 
 def batch_of_loops(x: tuple[int, ...] | None, w: tuple[int, ...] | None, table: str = "cpu") -> bool:
     """Is batched_linear(x [G, *, K], w [G, O, K]) a call (past MAX_MACS) whose G members the
-    loops would write as code apart? Its price is then the call's plus its members' apart: on
-    CPU the members' code fuses into the kernels around them, so the call can only add a
-    launch and cut the code around it in two. Priced at the call alone, the search batched
-    illustrative's groups of 16 [32, 16] @ [16, 16] linears into 6 calls around 6 runs of code
-    (12 launches; the fusion estimate then kept the input, 2); priced so, it batches the layer
-    norms and pointwise ops between the linears and leaves them apart: 1 launch
-    (illustrative_1k 5 -> 3)."""
+    loops would write as code apart? Its price is then its members' apart plus two launches
+    (pipeline.node_cost): on CPU the members' code fuses into the kernels around them, so the
+    call can only add a launch and cut the code around it in two. Priced at the call alone,
+    the search batched illustrative's groups of 16 [32, 16] @ [16, 16] linears into 6 calls
+    around 6 runs of code (12 launches; the fusion estimate then kept the input, 2); priced so,
+    it batches the layer norms and pointwise ops between the linears and leaves them apart: 1
+    launch (illustrative_1k 5 -> 3). With one launch added instead of two, the stacks a
+    batched layer norm reads from the linears apart tipped illustrative_10k's 256-member groups
+    back into 12 calls where its parameter copies are priced as computed once (25 launches
+    against 20)."""
     if not x or not w or len(x) < 2 or len(w) != 3:
         return False
     return loops_gemm(math.prod(x[1:]) * w[1], table) and not loops_gemm(math.prod(x) * w[1], table)
