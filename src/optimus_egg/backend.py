@@ -32,10 +32,10 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
     8x faster than its vectorized bool store. With `hoist` (default) an inference graph's copies
     of parameters (the stacked weights of its batches) are computed once, and again only after
     one of those parameters changes, not on every call (`hoist.py`; not where CUDA graphs replay
-    the graph), and optimize prices them so (`optimize(..., hoisted=True)`). Either way Inductor compiles the backward
-    without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13 bug), and a training
-    graph calling a `nested_compile_region` body whose results need a gradient without any
-    buffer reuse (`baselines.SHARED_BODY_TRAINING`, and without the mask stores, which do not
+    the graph), and optimize prices them so (`optimize(..., hoisted=True)`). Either way Inductor
+    compiles the backward without in-place buffer reuse (`baselines.EGG_BACKWARD`: a torch 2.13
+    bug), and a training graph calling a `nested_compile_region` body whose results need a
+    gradient without any buffer reuse (`baselines.SHARED_BODY_TRAINING`, and without the mask stores, which do not
     compile so), which lets optimize rewrite such a graph, the body included (its
     `buffer_reuse=False`). `inductor`:
     Inductor config options (``{"max_autotune": True}``), applied over optimus_egg's. Other

@@ -40,8 +40,7 @@ _VIEWS = {torch.transpose, torch.t, torch.permute, torch.reshape, torch.flatten,
           torch.squeeze, torch.movedim, operator.getitem}
 _VIEW_METHODS = {"t", "transpose", "permute", "reshape", "view", "flatten", "unflatten", "unsqueeze", "squeeze",
                  "movedim", "expand"}
-# The same ops by name, as the e-graph's call templates and its own view constructors name them
-# (pipeline.fixed_classes).
+# The same ops by name, as the e-graph's call templates name them (pipeline._fixed_node).
 VIEW_NAMES = _VIEW_METHODS | {"getitem"}
 
 
