@@ -7,7 +7,7 @@ import torch.nn as nn
 import optimus_egg
 from optimus_egg import hoist
 from optimus_egg.baselines import as_backend_compiles
-from optimus_egg.bench import GRAD_TOL
+from optimus_egg.bench import GRAD_TOL, predicted_launches
 from optimus_egg.measure import compile_inductor
 
 
@@ -204,6 +204,9 @@ def test_optimize_prices_parameter_copies_computed_once_as_free():
     assert a.launches_after == b.launches_after + 1, (a.launches_after, b.launches_after)
     compiled = compile_inductor(as_backend_compiles(once, gemm_loops=False, hoist=True), [x])
     assert compiled.launches.total == b.launches_after, (compiled.launches, b.launches_after)
+    # the bench's estimate of a graph as written, with and without the copies computed once
+    assert predicted_launches(once, [x], hoisted=True) == b.launches_after
+    assert predicted_launches(once, [x]) == b.launches_after + 1
     for got, w in zip(compiled.fn(x), want):
         torch.testing.assert_close(got, w)
     with torch.no_grad():  # in training the copies stay in the graph: priced as copies
