@@ -74,7 +74,7 @@ def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
         best = _prices(members, kid_ids, parents, node_cls, own_of, item_of, divisor)
         chosen = _reuse(root, _select(root, members, kid_ids, best), members, kid_ids, own_of)
         chosen = _unbatch(root, chosen, members, kid_ids, own_of, item_of)
-        chosen = _swap(root, chosen, members, kid_ids, own_of, best)
+        chosen = _swap(root, chosen, members, kid_ids, own_of, best, item_of)
         return chosen, sum(own_of[i] for i in chosen.values())
 
     chosen, total = extract(divisor)
@@ -250,16 +250,20 @@ def _unbatch(root: int, choice: dict[int, int], members: list[list[int]], kid_id
 
 
 def _swap(root: int, choice: dict[int, int], members: list[list[int]], kid_ids: list[list[int]],
-          own: list[float], rank: list[float]) -> dict[int, int]:
+          own: list[float], rank: list[float], item_of: list) -> dict[int, int]:
     """Local search by single switches: a chosen class takes another of its nodes, the classes
     that node needs and the choice lacks get their cheapest acyclic nodes by `rank` (as
     `_select` picks), and the switch is kept where the DAG cost, counted exactly, falls and no
     cycle closes. It undoes what the fixpoint's tree prices get wrong the other way from
     `_unbatch`: a stack of products of a split's pieces chosen over the batched product that
     computes them all, each piece priced at a share of its tuple, the batched product with
-    its whole operand tree. Each kept switch lowers the cost, so the search ends."""
+    its whole operand tree. A switch that does not lower the cost by itself but leaves a tuple
+    read by fewer items is tried once more followed by `_unbatch` (the items still read may
+    then be cheaper apart): two batches over one member, where moving the member from one to
+    the other needs both changes at once. Each kept switch lowers the cost, so the search ends."""
     refs = _refcounts(root, choice, kid_ids)
     level = _levels(root, choice, kid_ids)
+    total = sum(own[i] for i in choice.values())
     isfinite = math.isfinite
     changed = True
     while changed:
@@ -273,12 +277,21 @@ def _swap(root: int, choice: dict[int, int], members: list[list[int]], kid_ids: 
                 if k == choice[c]:
                     continue
                 plan = _complete(c, k, choice, members, kid_ids, rank)
-                if plan is None or _plan_delta(plan, choice, refs, kid_ids, own) > -1e-9:
+                if plan is None:
+                    continue
+                delta, thinned = _plan_delta(plan, choice, refs, kid_ids, own, item_of)
+                if delta > -1e-9 and not thinned:
                     continue
                 new = {**choice, **plan}
                 if _reaches(kid_ids[k], c, new, kid_ids, level):
                     continue
-                choice = reachable(root, kid_ids, new)
+                new = reachable(root, kid_ids, new)
+                if delta > -1e-9:
+                    new = _unbatch(root, new, members, kid_ids, own, item_of)
+                    if sum(own[i] for i in new.values()) > total - 1e-9:
+                        continue
+                choice = new
+                total = sum(own[i] for i in choice.values())
                 refs = _refcounts(root, choice, kid_ids)
                 level = _levels(root, choice, kid_ids)
                 changed = True
@@ -312,10 +325,12 @@ def _refcounts(root: int, choice: dict[int, int], kid_ids: list[list[int]]) -> d
 
 
 def _plan_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, int],
-                kid_ids: list[list[int]], own: list[float]) -> float:
+                kid_ids: list[list[int]], own: list[float], item_of: list) -> tuple[float, bool]:
     """The exact DAG cost change of `plan` (class -> node; a class `choice` lacks is added):
-    new edges first, then the replaced nodes' edges, dropping the classes nothing reads."""
+    new edges first, then the replaced nodes' edges, dropping the classes nothing reads; and
+    whether an item drops out while its tuple stays read."""
     counts: dict[int, int] = {}
+    tuples: list[int] = []  # tuples an item that drops out read
     delta = 0.0
     for cls, k in plan.items():
         delta += own[k] - (own[choice[cls]] if cls in choice else 0.0)
@@ -329,7 +344,9 @@ def _plan_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, in
             i = plan.get(j, choice[j])
             delta -= own[i]
             todo.extend(kid_ids[i])
-    return delta
+            if item_of[i] is not None:
+                tuples.append(item_of[i][0])
+    return delta, any(counts.get(p, refs.get(p, 0)) > 0 for p in tuples)
 
 
 def _switch_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, int],
