@@ -126,6 +126,21 @@ def test_gemm_loops_script_end_to_end(dtype):
     assert launches["optimus_egg"] < launches["no loops"], launches
 
 
+def test_loops_limit_script_end_to_end():
+    """bench/loops_limit.py on mmoe, inference, two rounds: every arm matches eager; the lower
+    limit leaves some of mmoe's expert linears calls, which the search batches, so it launches
+    more (still fewer than Optimus); the backend's limits are back afterwards."""
+    import loops_limit
+
+    from optimus_egg.extract import launch_cost
+
+    limits = dict(launch_cost.LOOP_LIMITS)
+    ok, launches = loops_limit.run("mmoe", [65536, 32768], rounds=2, dtype="float32", train=False)
+    assert ok
+    assert launches["egg@65536"] < launches["egg@32768"] < launches["optimus"], launches
+    assert launch_cost.LOOP_LIMITS == limits
+
+
 def test_warm_start_script_end_to_end():
     """bench/warm_start.py on the smallest model, one round: started again, the optimus_egg
     backend loads its compiled graph from Inductor's cache as plain Inductor does."""

@@ -19,7 +19,9 @@ available to calibrate a "cuda" table (`python bench/calibrate.py --device cuda`
 probes), so graphs on a GPU are priced with the CPU table and the optimize report says so.
 "cpu_loops" is the CPU target compiled with small GEMMs as loops (src/optimus_egg/gemm_loops.py,
 `optimize(..., gemm_loops=True)`): the same prices, but a GEMM of at most gemm_loops.MAX_MACS
-multiply-adds is elementwise code there, like Inductor's own small decompositions below.
+multiply-adds is elementwise code there, like Inductor's own small decompositions below;
+"cpu_loops_small" the same with the lower limit of float32 / float64 GEMMs in inference
+(gemm_loops.INFERENCE_MAX_MACS; `LOOP_LIMITS`).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import math
 
 import torch
 
-from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, MAX_MACS
+from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, INFERENCE_MAX_MACS, MAX_MACS
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
         "reshape"}  # as a template reshape (VIEW_TARGETS); it copies only where strides allow no view
@@ -36,8 +38,15 @@ TABLES: dict[str, dict[str, float]] = {
     "cpu": {"gemm": 1.0, "reduction": 1.0, "elementwise": 0.5, "copy": 0.25},
 }
 LOOPS = "cpu_loops"  # the CPU target with small GEMMs as loops: CPU prices, loops_gemm below
-TABLES[LOOPS] = dict(TABLES["cpu"])
-CPU_TABLES = ("cpu", LOOPS)  # tables of Inductor's C++ backend: the fusion estimate counts its kernels
+LOOPS_SMALL = "cpu_loops_small"  # the same, an inference graph with float32 / float64 tensors
+WIDE = (torch.float32, torch.float64)
+# The loops' limit per table. A graph is priced with one limit: an inference graph mixing
+# float32 / float64 with 16-bit GEMMs gets the lower (a 16-bit GEMM between the two limits is
+# then priced a call and compiled as loops: a price off, values unchanged).
+LOOP_LIMITS = {LOOPS: MAX_MACS, LOOPS_SMALL: min(INFERENCE_MAX_MACS[t] for t in WIDE)}
+for _t in LOOP_LIMITS:
+    TABLES[_t] = dict(TABLES["cpu"])
+CPU_TABLES = ("cpu", *LOOP_LIMITS)  # tables of Inductor's C++ backend: the fusion estimate counts its kernels
 # Fewest GEMMs the loops write as code that still make a batch group (from_fx seeding). Fewer
 # stay apart, fused with their neighbours (dcn_v2's groups of 4 and 8). Groups this large are
 # seeded so that the search can weigh batching everything around them: on illustrative_1k
@@ -61,34 +70,37 @@ REDUCTION_TARGETS = {"sum", "mean", "softmax", "log_softmax", "amax", "max", "mi
                      "batched_layer_norm"}
 
 
-def table_for(device_type: str, gemm_loops: bool = False) -> str:
+def table_for(device_type: str, gemm_loops: bool = False, small: bool = False) -> str:
     """The name of the table that prices graphs on `device_type` ("cpu", "cuda", ...), compiled
-    with small GEMMs as loops if `gemm_loops` (a CPU-only pass: other devices ignore it)."""
+    with small GEMMs as loops if `gemm_loops` (a CPU-only pass: other devices ignore it), up to
+    the lower limit if `small` (an inference graph with float32 / float64 tensors)."""
     if device_type == "cpu" and gemm_loops:
-        return LOOPS
-    return device_type if device_type in TABLES and device_type != LOOPS else "cpu"
+        return LOOPS_SMALL if small else LOOPS
+    return device_type if device_type in TABLES and device_type not in LOOP_LIMITS else "cpu"
 
 
-def table_of(inputs, gemm_loops: bool = False) -> str:
+def table_of(inputs, gemm_loops: bool = False, training: bool = False) -> str:
     """The table for a graph run on `inputs` (with its parameters, where given): their device's,
     "cpu" where they are on several; with `gemm_loops` LOOPS on CPU where every floating
-    tensor has a dtype the loops rewrite (gemm_loops.DTYPES)."""
+    tensor has a dtype the loops rewrite (gemm_loops.DTYPES), LOOPS_SMALL where one of them is
+    float32 / float64 and the graph is compiled without a backward (not `training`)."""
     tensors = [x for x in inputs if hasattr(x, "device") and hasattr(x, "dtype")]
     devices = {x.device.type for x in tensors}
-    loops = gemm_loops and all(x.dtype in LOOP_DTYPES for x in tensors if x.dtype.is_floating_point)
-    return table_for(devices.pop() if len(devices) == 1 else "cpu", loops)
+    floats = {x.dtype for x in tensors if x.dtype.is_floating_point}
+    loops = gemm_loops and floats <= set(LOOP_DTYPES)
+    return table_for(devices.pop() if len(devices) == 1 else "cpu", loops, not training and bool(floats & set(WIDE)))
 
 
-def graph_table(gm, inputs, gemm_loops: bool = False) -> str:
+def graph_table(gm, inputs, gemm_loops: bool = False, training: bool = False) -> str:
     """`table_of` a GraphModule run on `inputs`: its inputs, parameters and buffers."""
-    return table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops)
+    return table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops, training)
 
 
 def loops_gemm(macs: float, table: str, scalar: bool = False) -> bool:
     """Is a GEMM of `macs` multiply-adds one the target writes as loops (gemm_loops.py)? Shapes
     with a symbolic dim (priced as huge) never are, nor a GEMM whose loops would be `scalar`
     (not vectorized: gemm_loops.vectorizes)."""
-    return table == LOOPS and macs <= MAX_MACS and not scalar
+    return macs <= LOOP_LIMITS.get(table, -1) and not scalar
 
 
 # In training a GEMM's launches are three calls, its forward and two in the backward (the
@@ -96,7 +108,7 @@ def loops_gemm(macs: float, table: str, scalar: bool = False) -> bool:
 # GEMM whose loops would run scalar forward (an operand's rows strided: a call) has backward
 # GEMMs the loops write as vectorized code (one reads the contiguous gradient, the other the
 # weight): one call of the three. Wukong's linears over transposed embeddings, merged into one
-# GEMM past MAX_MACS, compiled to 41 launches for a training step, against 39 apart.
+# GEMM past the loops' limit, compiled to 41 launches for a training step, against 39 apart.
 TRAINING_SCALAR_GEMM = 1 / 3
 
 
@@ -150,7 +162,7 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
     ([M, 1] @ [1, N], at most 32 elements in) into multiplies and a sum; its bmm lowering does
     the same for every batched matrix-vector product ([B, 1, K] @ [B, K, N] or
     [B, M, K] @ [B, K, 1], any size) and its decomposition for a batch of outer products
-    ([B, M, 1] @ [B, 1, N]). With the loops (LOOPS) every product of at most MAX_MACS
+    ([B, M, 1] @ [B, 1, N]). With the loops (LOOP_LIMITS) every product of at most the limit
     multiply-adds is, whose second operand is a matrix or has the first's batch dims, unless
     `strided`: neither operand's rows are contiguous (shapes.rows_strided), so the loops would
     not vectorize."""
@@ -167,7 +179,7 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
 
 
 def batch_of_loops(x: tuple[int, ...] | None, w: tuple[int, ...] | None, table: str = "cpu") -> bool:
-    """Is batched_linear(x [G, *, K], w [G, O, K]) a call (past MAX_MACS) whose G members the
+    """Is batched_linear(x [G, *, K], w [G, O, K]) a call (past the loops' limit) whose G members the
     loops would write as code apart? Its price is then its members' apart plus two launches
     (pipeline.node_cost): on CPU the members' code fuses into the kernels around them, so the
     call can only add a launch and cut the code around it in two. Priced at the call alone,

@@ -176,34 +176,96 @@ def test_backend_takes_gemm_loops_as_an_option():
     assert fired[False] == 0 and fired[True] > 0 and fired[None] == fired[True], fired
 
 
+def test_pass_has_a_cache_key_per_mode():
+    assert gemm_loops.GemmLoops(gemm_loops.INFERENCE_MAX_MACS).uuid() == gemm_loops.GEMM_LOOPS_INFERENCE.uuid()
+    assert gemm_loops.GEMM_LOOPS_INFERENCE.uuid() != gemm_loops.GEMM_LOOPS.uuid()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backend_gives_the_pass_the_limits_of_its_mode(dtype):
+    """A [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds, past the float32 inference limit)
+    through the backend: in float32 inference a call, trained loops (its forward GEMM and its
+    weight gradient's), in bfloat16 loops either way; values and gradients eager's (bfloat16: as
+    close to float64 as plain Inductor's)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).to(dtype)
+    x = torch.randn(256, 16, dtype=dtype)
+    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    fired = {}
+    for train in (False, True):
+        torch._dynamo.reset()
+        counters["inductor"][gemm_loops.COUNTER] = 0
+        compiled = torch.compile(model, backend="optimus_egg")
+        with torch.set_grad_enabled(train):
+            got, want = compiled(x), model(x)
+        torch.testing.assert_close(got, want, **tol)
+        if train:
+            grads = torch.autograd.grad(got.sum(), list(model.parameters()))
+            expected = torch.autograd.grad(want.sum(), list(model.parameters()))
+            for g, e in zip(grads, expected):
+                torch.testing.assert_close(g, e, **tol)
+        fired[train] = counters["inductor"][gemm_loops.COUNTER]
+    wide = dtype == torch.float32
+    assert fired == {False: 0 if wide else 1, True: 2}, fired
+
+
 def test_loops_table_prices_gemms_up_to_the_limit_as_code():
-    """launch_cost.LOOPS: a GEMM of at most MAX_MACS multiply-adds is elementwise code there,
-    on the CPU table it launches (unless Inductor's own decompositions apply)."""
+    """launch_cost.LOOPS: a GEMM of at most MAX_MACS multiply-adds is elementwise code there
+    (a compile with a backward, or bfloat16 / float16 tensors only); LOOPS_SMALL, an inference
+    graph with float32 / float64 tensors, the same up to the lower limit; on the CPU table it
+    launches (unless Inductor's own decompositions apply)."""
     from optimus_egg.extract import launch_cost as lc
 
     assert lc.table_for("cpu", gemm_loops=True) == lc.LOOPS
+    assert lc.table_for("cpu", gemm_loops=True, small=True) == lc.LOOPS_SMALL
     assert lc.table_for("cuda", gemm_loops=True) == "cpu"  # CPU-only pass; no GPU table
-    assert lc.table_of([torch.zeros(1)], gemm_loops=True) == lc.LOOPS
-    assert lc.table_of([torch.zeros(1)]) == "cpu"
-    assert lc.table_of([torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16)], gemm_loops=True) == lc.LOOPS
+    f32, bf16, fp16 = torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.float16)
+    f64, i64 = torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.int64)
+    assert lc.table_of([f32], gemm_loops=True) == lc.LOOPS_SMALL
+    assert lc.table_of([f32], gemm_loops=True, training=True) == lc.LOOPS
+    assert lc.table_of([f32]) == lc.table_of([bf16]) == "cpu"
+    assert lc.table_of([bf16, fp16, i64], gemm_loops=True) == lc.LOOPS  # 16-bit: the higher limit
+    assert lc.table_of([f32, bf16], gemm_loops=True) == lc.LOOPS_SMALL  # mixed: the lower limit
+    assert lc.table_of([i64], gemm_loops=True) == lc.LOOPS
     assert lc.table_of([torch.zeros(1, dtype=torch.float8_e4m3fn)], gemm_loops=True) == "cpu"  # not rewritten
-    assert lc.table_of([torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.int64)], gemm_loops=True) == lc.LOOPS
+    assert lc.table_of([f64, i64], gemm_loops=True) == lc.LOOPS_SMALL
     wide = fx.symbolic_trace(_Wide(4))  # a graph's parameters count: float8 weights keep the CPU table
-    assert lc.graph_table(wide, [torch.zeros(2, 4)], gemm_loops=True) == lc.LOOPS
+    assert lc.graph_table(wide, [torch.zeros(2, 4)], gemm_loops=True, training=True) == lc.LOOPS
+    assert lc.graph_table(wide.to(torch.bfloat16), [bf16.expand(2, 4)], gemm_loops=True) == lc.LOOPS
     assert lc.graph_table(fx.symbolic_trace(_Wide(4).to(torch.float8_e4m3fn)), [torch.zeros(2, 4)], gemm_loops=True) == "cpu"
-    at_limit = (gemm_loops.MAX_MACS // (16 * 16), 16)  # x [M, 16] @ w.T [16, 16]: MAX_MACS exactly
-    over = (at_limit[0] + 1, 16)
-    for bias in (False, True):
-        assert lc.elementwise_linear(at_limit, (16, 16), bias, lc.LOOPS)
-        assert not lc.elementwise_linear(over, (16, 16), bias, lc.LOOPS)
-        assert not lc.elementwise_linear(at_limit, (16, 16), bias, "cpu")
-        assert lc.elementwise_batched_linear((4, 8, 16), (4, 16, 16), bias, lc.LOOPS)
-        assert not lc.elementwise_batched_linear((4, 8, 16), (4, 16, 16), bias, "cpu")
-    assert lc.elementwise_matmul((4, 64, 16), (4, 16, 16), lc.LOOPS)       # bmm of 65,536
-    assert not lc.elementwise_matmul((4, 64, 16), (4, 16, 17), lc.LOOPS)
-    assert lc.elementwise_matmul((2, 32, 16), (16, 16), lc.LOOPS)           # folded to one mm
-    assert not lc.elementwise_matmul((2, 32, 16), (3, 16, 16), lc.LOOPS)    # batch dims differ
-    assert not lc.elementwise_matmul((4, 64, 16), (4, 16, 16), "cpu")
+    assert lc.LOOP_LIMITS == {lc.LOOPS: gemm_loops.MAX_MACS, lc.LOOPS_SMALL: gemm_loops.INFERENCE_MAX_MACS[torch.float32]}
+    assert gemm_loops.INFERENCE_MAX_MACS[torch.float32] < gemm_loops.MAX_MACS
+    for table, limit in lc.LOOP_LIMITS.items():
+        at_limit = (limit // (16 * 16), 16)  # x [M, 16] @ w.T [16, 16]: the limit exactly
+        over = (at_limit[0] + 1, 16)
+        for bias in (False, True):
+            assert lc.elementwise_linear(at_limit, (16, 16), bias, table)
+            assert not lc.elementwise_linear(over, (16, 16), bias, table)
+            assert not lc.elementwise_linear(at_limit, (16, 16), bias, "cpu")
+            assert lc.elementwise_batched_linear((4, 8, 16), (4, 16, 16), bias, table)
+            assert not lc.elementwise_batched_linear((4, 8, 16), (4, 16, 16), bias, "cpu")
+        bmm = (4, limit // (4 * 16 * 16), 16)  # a bmm of the limit exactly
+        assert lc.elementwise_matmul(bmm, (4, 16, 16), table)
+        assert not lc.elementwise_matmul(bmm, (4, 16, 17), table)
+        assert lc.elementwise_matmul((2, 32, 16), (16, 16), table)           # folded to one mm
+        assert not lc.elementwise_matmul((2, 32, 16), (3, 16, 16), table)    # batch dims differ
+        assert not lc.elementwise_matmul(bmm, (4, 16, 16), "cpu")
+
+
+def test_the_pass_writes_each_dtype_up_to_its_own_limit():
+    """gemm_loops.small_gemm under the inference limits: a float32 / float64 GEMM past their
+    limit stays a call, the same shapes in bfloat16 / float16 are loops; with a backward
+    (MAX_MACS, the default) all four are; an explicit int limit holds for every dtype."""
+    rows = gemm_loops.MAX_MACS // (16 * 16)  # x [rows, 16] @ w [16, 16]: MAX_MACS exactly
+    inference = gemm_loops.limits(training=False)
+    assert gemm_loops.limits(training=True) == gemm_loops.MAX_MACS
+    for dtype, loops in ((torch.float32, False), (torch.float64, False), (torch.bfloat16, True), (torch.float16, True)):
+        gm = make_fx(lambda x, w: x @ w)(torch.zeros(rows, 16, dtype=dtype), torch.zeros(16, 16, dtype=dtype))
+        mm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default)
+        assert gemm_loops.small_gemm(mm, inference) is loops, dtype
+        assert gemm_loops.small_gemm(mm) and gemm_loops.small_gemm(mm, gemm_loops.MAX_MACS)
+        assert not gemm_loops.small_gemm(mm, gemm_loops.MAX_MACS - 1)
+        assert gemm_loops.limit_of(dtype, inference) == gemm_loops.INFERENCE_MAX_MACS[dtype]
 
 
 class _Wide(nn.Module):
@@ -232,7 +294,7 @@ def test_search_priced_for_the_loops_leaves_their_gemms_unbatched(rows, d, batch
         for loops, want in ((False, True), (True, batched_with_loops)):
             out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=loops)
             report = out.meta["optimus_egg"]
-            assert report.cost_table == ("cpu_loops" if loops else "cpu")
+            assert report.cost_table == ("cpu_loops_small" if loops else "cpu")  # an inference graph of float32
             assert fired(report, "batch-linear-lhs") is want, (loops, report)
             linears = sum(n.target is torch._C._nn.linear or n.op == "call_module" for n in out.graph.nodes)
             assert linears == (1 if want else 4)
@@ -473,7 +535,7 @@ def test_search_batches_small_gemms_the_loops_would_run_scalar(transposed):
 
     torch.manual_seed(0)
     gm = fx.symbolic_trace(_Mixes(transposed=transposed).eval())
-    x = torch.randn(64, 8, 16) if transposed else torch.randn(64, 16, 8)
+    x = torch.randn(32, 8, 16) if transposed else torch.randn(32, 16, 8)  # linears of 32,768 and 16,384 multiply-adds
     out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, training=False)
     report = out.meta["optimus_egg"]
     assert fired(report, "batch-linear-lhs") is transposed, report

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from egglog import EGraph
 
 from optimus_egg import shapes
-from optimus_egg.extract.launch_cost import (LOOPS, LOOPS_BATCH_MIN, VIEW_TARGETS, elementwise_linear, elementwise_matmul,
+from optimus_egg.extract.launch_cost import (LOOP_LIMITS, LOOPS_BATCH_MIN, VIEW_TARGETS, elementwise_linear, elementwise_matmul,
                                              graph_table)
 from optimus_egg.seed import quote, register_text
 from optimus_egg.shapes import (
@@ -1066,7 +1066,7 @@ class _Lowerer:
         depth = _depths(self.gm.graph, self.free, self.same_as())
         reach = self.grad_reach = _grad_reach(self.gm.graph, self.values)
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
-        self.loops = set()  # GEMMs the loops write as code (launch_cost.LOOPS), Inductor's own decompositions not
+        self.loops = set()  # GEMMs the loops write as code (launch_cost.LOOP_LIMITS), Inductor's own decompositions not
         for n, k in self.kind.items():
             if k[0] == "linear" and self.code_gemm(n, elementwise_linear, k[1][0], k[1][1], k[2][2] is not None,
                                                    strided=k[2][0] in self.strided):
@@ -1119,7 +1119,7 @@ class _Lowerer:
         """Is GEMM `n` elementwise code by Inductor's own decompositions (True: it joins no
         group)? One the GEMM loops alone write as code goes into `self.loops` (False).
         `strided`: its operands' layout keeps the loops from vectorizing (launch_cost.py)."""
-        if elementwise(*shapes, "cpu" if self.cost_table == LOOPS else self.cost_table):
+        if elementwise(*shapes, "cpu" if self.cost_table in LOOP_LIMITS else self.cost_table):
             return True
         if elementwise(*shapes, self.cost_table, strided=strided):
             self.loops.add(n)
@@ -1448,11 +1448,13 @@ def _live(graph: fx.Graph, effects: set[fx.Node]) -> set[fx.Node]:
 
 
 def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
-            meanwhile: Callable[[], None] | None = None, gemm_loops: bool = False) -> Lowered:
+            meanwhile: Callable[[], None] | None = None, gemm_loops: bool = False,
+            training: bool = False) -> Lowered:
     """Lower `gm` into a fresh e-graph; raises ValueError on inputs that do not fit the graph.
     `meanwhile` runs once the shapes are being propagated: beside the child that streams them
     on big graphs (`shape_values`), so it costs no wall time while that runs. `gemm_loops`:
-    priced for a compile with small GEMMs as loops (launch_cost.LOOPS)."""
+    priced for a compile with small GEMMs as loops (launch_cost.LOOP_LIMITS), with a backward
+    where `training` (the loops' limits differ)."""
     inputs = check_inputs(gm, example_inputs)
     modules = _submodules(gm)
     mutated = [n for n in gm.graph.nodes if is_mutation(n, modules)]
@@ -1473,7 +1475,7 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
                 values = shapes._Local(new_values)
                 modules = _submodules(gm)
                 mutated = [n for n in gm.graph.nodes if is_mutation(n, modules)]
-        lowered = _lower(gm, inputs, values, modules, mutated, seed_groups, gemm_loops)
+        lowered = _lower(gm, inputs, values, modules, mutated, seed_groups, gemm_loops, training)
         lowered.out_of_place = out_of_place
     except ValueError:
         raise
@@ -1485,7 +1487,8 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
     return lowered
 
 
-def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: bool = False) -> Lowered:
+def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: bool = False,
+           training: bool = False) -> Lowered:
     lw = _Lowerer(gm, values, modules, mutated)
     live = _live(gm.graph, lw.effect_set)
     # Effects are ordered as memory accesses: a write (a mutation, a draw, any call not known
@@ -1530,7 +1533,7 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: 
     outs.extend(e for e in dict.fromkeys([last_write, *reads]) if e is not None)
     root = _app("outputs", _vec(outs))
     values.finish()  # every node ran: the inputs fit the graph
-    lw.cost_table = graph_table(gm, inputs, gemm_loops)
+    lw.cost_table = graph_table(gm, inputs, gemm_loops, training)
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,

@@ -22,15 +22,27 @@ with stride 16), as loops, left its forward 1.07 x slower than plain Inductor's;
 the search merging them into one extern GEMM, 0.83 x (`python bench/gemm_loops.py`). Where the
 layout cannot be replayed (a symbolic size, an op that fails on it) the GEMM stays a call.
 
-MAX_MACS is measured: on optimus_egg's graphs of the bench models (1 torch thread, 60-80
-interleaved rounds, step time against the same graph with every GEMM extern) no model ran
-slower up to 65,536 multiply-adds (inference 0.89-1.00 x, training 0.98-1.01 x), while at
-131,072 illustrative's chained [64, 64] x [64, 64] layers ran 1.15 x slower and wukong 1.03 x.
+The limits are measured (`python bench/loops_limit.py`: each limit in the pricing, the pass and
+the post-grad batchings, 1 torch thread, 60 interleaved rounds, latency against plain
+Inductor). A GEMM past the limit is a call the search may batch with others, so a lower limit
+trades launches for the GEMM library's speed. MAX_MACS = 65,536: against the same graph with
+every GEMM a call no model ran slower up to it, while at 131,072 illustrative's chained
+[64, 64] x [64, 64] layers ran 1.15 x slower. In training it is the better of 65,536 and
+32,768 on balance: wukong 1.006 x plain vs 1.086 x and dhen 1.050 x vs 1.080 x (13 and 18
+launches fewer), where dcn_v2 and mmoe ran faster at 32,768 (0.92 x vs 0.97 x, 0.77 x vs
+0.85 x, 24 and 5 launches more); in bfloat16 / float16 inference too (wukong 0.72 x vs 0.84 x,
+dhen 0.60 x vs 0.76 x in bfloat16; dcn_v2 0.41 x vs 0.47 x the other way). Float32 / float64
+inference takes 32,768 (INFERENCE_MAX_MACS): there batched calls beat the loops (dcn_v2
+0.72 x vs 1.02 x, 16 launches vs 5; wukong
+0.84 x vs 0.97 x; dhen 0.92 x vs 0.99 x; mmoe 0.71 x vs 0.88 x; the other seven models equal
+within noise). The pass learns the mode from the backend (GEMM_LOOPS with a backward,
+GEMM_LOOPS_INFERENCE without), which knows it from optimize's report (`training`); float64
+takes float32's limits (not measured apart).
 
 The search knows it: `optimize(..., gemm_loops=True)` (what the backend calls) prices a GEMM
-of at most MAX_MACS multiply-adds as elementwise code (extract/launch_cost.py, table
-"cpu_loops"), so it leaves such GEMMs unbatched instead of batching them into one past the
-limit that stays a call; and the backend's post-grad GEMM batchings leave them alone
+within the limit as elementwise code (extract/launch_cost.py, tables "cpu_loops" and
+"cpu_loops_small"), so it leaves such GEMMs unbatched instead of batching them into one past
+the limit that stays a call; and the backend's post-grad GEMM batchings leave them alone
 (baselines.egg_post_grad). `backend(gemm_loops=False)` compiles without the pass.
 """
 from __future__ import annotations
@@ -42,10 +54,15 @@ from torch import fx
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+# The most multiply-adds of a GEMM written as loops (module doc: measured): in a graph compiled
+# with a backward, and for bfloat16 / float16 operands without one; float32 / float64 GEMMs of
+# an inference graph up to INFERENCE_MAX_MACS.
 MAX_MACS = 65536
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+INFERENCE_MAX_MACS: dict[torch.dtype, int] = {torch.float32: 32768, torch.float64: 32768,
+                                              torch.bfloat16: MAX_MACS, torch.float16: MAX_MACS}
 COUNTER = "gemm_as_loops"
 REPEATS_COUNTER = "repeated_reductions_copied"
-DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -58,14 +75,28 @@ def _val(a):
     return a.meta.get("val") if isinstance(a, fx.Node) else None
 
 
-def written_as_loops(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
+def limit_of(dtype: torch.dtype, max_macs: int | dict | None = None) -> int:
+    """The most multiply-adds of a `dtype` GEMM written as loops under `max_macs`: one limit
+    for every dtype, a dict by dtype, or None for MAX_MACS."""
+    if max_macs is None:
+        return MAX_MACS
+    return max_macs if isinstance(max_macs, int) else max_macs.get(dtype, 0)
+
+
+def limits(training: bool) -> int | dict:
+    """The loops' limits for a graph compiled with a backward (`training`) or without one."""
+    return MAX_MACS if training else INFERENCE_MAX_MACS
+
+
+def written_as_loops(node: fx.Node, max_macs: int | dict | None = None) -> bool:
     """Is `node` a GEMM this pass rewrites?"""
     return small_gemm(node, max_macs) and vectorizes(node)
 
 
-def small_gemm(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
-    """Is `node` a GEMM of at most `max_macs` multiply-adds on CPU tensors of one of DTYPES and
-    static shape, beta and alpha 1 (the loops' operands, whatever their layout)?"""
+def small_gemm(node: fx.Node, max_macs: int | dict | None = None) -> bool:
+    """Is `node` a GEMM of at most `limit_of(dtype, max_macs)` multiply-adds on CPU tensors of
+    one of DTYPES and static shape, beta and alpha 1 (the loops' operands, whatever their
+    layout)?"""
     first = _GEMMS.get(node.target)
     if first is None or len(node.args) != first + 2:
         return False
@@ -76,14 +107,15 @@ def small_gemm(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
         return False
     a, b = vals[first], vals[first + 1]
     dtypes = {v.dtype for v in vals}
-    if len(dtypes) != 1 or dtypes.pop() not in DTYPES:
+    dtype = dtypes.pop() if len(dtypes) == 1 else None
+    if dtype not in DTYPES:
         return False
     if any(v.device.type != "cpu" for v in vals):
         return False
     dims = (*a.shape, b.shape[-1])
     if not all(isinstance(d, int) for d in dims):
         return False
-    return math.prod(dims) <= max_macs
+    return math.prod(dims) <= limit_of(dtype, max_macs)
 
 
 # Ops Inductor reads through without a buffer of their own: an operand behind them is read
@@ -132,7 +164,7 @@ def call_with_val(graph: fx.Graph, target, args: tuple) -> fx.Node:
     return node
 
 
-def rewrite(graph: fx.Graph, max_macs: int = MAX_MACS) -> int:
+def rewrite(graph: fx.Graph, max_macs: int | dict | None = None) -> int:
     """Rewrite each small GEMM of `graph` as multiply + sum (module doc); returns how many."""
     done = 0
     for node in list(graph.nodes):
@@ -202,7 +234,7 @@ class GemmLoops(CustomGraphPass):
     """`rewrite` as an Inductor post_grad_custom_post_pass (its uuid keys Inductor's cache),
     then `copy_repeated_reductions`."""
 
-    def __init__(self, max_macs: int = MAX_MACS):
+    def __init__(self, max_macs: int | dict | None = None):
         self.max_macs = max_macs
 
     def __call__(self, graph: fx.Graph) -> None:
@@ -214,4 +246,5 @@ class GemmLoops(CustomGraphPass):
         return f"optimus_egg.gemm_loops:{self.max_macs}:{source}"
 
 
-GEMM_LOOPS = GemmLoops()
+GEMM_LOOPS = GemmLoops()  # compiled with a backward
+GEMM_LOOPS_INFERENCE = GemmLoops(INFERENCE_MAX_MACS)

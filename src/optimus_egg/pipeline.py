@@ -431,7 +431,8 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
     t = time.perf_counter()
     # egglog-python translates the rules on first use: done beside the shape propagation
     meanwhile = (lambda: warm(rulesets)) if budget_s > 0 else None
-    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile, gemm_loops=gemm_loops)
+    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile, gemm_loops=gemm_loops,
+                      training=training)
     lowered.training = training
     if hoisted:
         lowered.fixed_leaves = fixed_leaves(lowered, inputs)
