@@ -70,15 +70,17 @@ def _parameter_sources(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dic
     for i, (n, x) in enumerate(zip(placeholders, example_inputs)):
         if isinstance(x, torch.nn.Parameter):
             out[n] = ("arg", i)
+    params = parameter_names(gm)
     for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            try:
-                value = gm.get_parameter(n.target)
-            except AttributeError:
-                continue
-            if isinstance(value, torch.nn.Parameter):
-                out[n] = ("attr", n.target)
+        if n.op == "get_attr" and n.target in params:
+            out[n] = ("attr", n.target)
     return out
+
+
+def parameter_names(gm: fx.GraphModule) -> set[str]:
+    """The qualified name of each parameter of `gm` (a shared one under each of its names): what
+    `gm.get_parameter` finds, in one walk of the modules instead of one per name."""
+    return {name for name, _ in gm.named_parameters(remove_duplicate=False)}
 
 
 def fixed_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]

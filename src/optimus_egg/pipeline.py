@@ -195,13 +195,8 @@ def fixed_leaves(lowered: Lowered, inputs: list) -> frozenset[str]:
     call_module (from_fx's `attr:` leaves) among them."""
     fixed, _ = hoist.fixed_parameters(lowered.gm, inputs)
     names = {n.name for n in fixed}
-    for name, leaf in lowered.leaves.items():
-        if isinstance(leaf, str):  # "attr:" + a module parameter's target
-            try:
-                if isinstance(lowered.gm.get_parameter(leaf), torch.nn.Parameter):
-                    names.add(name)
-            except AttributeError:
-                pass
+    params = hoist.parameter_names(lowered.gm)
+    names.update(name for name, leaf in lowered.leaves.items() if isinstance(leaf, str) and leaf in params)
     return frozenset(names)
 
 
