@@ -33,9 +33,8 @@ launches fewer), where dcn_v2 and mmoe ran faster at 32,768 (0.92 x vs 0.97 x, 0
 0.85 x, 24 and 5 launches more); in bfloat16 / float16 inference too (wukong 0.72 x vs 0.84 x,
 dhen 0.60 x vs 0.76 x in bfloat16; dcn_v2 0.41 x vs 0.47 x the other way). Float32 / float64
 inference takes 32,768 (INFERENCE_MAX_MACS): there batched calls beat the loops (dcn_v2
-0.72 x vs 1.02 x, 16 launches vs 5; wukong
-0.84 x vs 0.97 x; dhen 0.92 x vs 0.99 x; mmoe 0.71 x vs 0.88 x; the other seven models equal
-within noise). The pass learns the mode from the backend (GEMM_LOOPS with a backward,
+0.72 x vs 1.02 x, 16 launches vs 5; wukong 0.84 x vs 0.97 x; dhen 0.92 x vs 0.99 x; mmoe
+0.71 x vs 0.88 x; the other seven models equal within noise). The pass learns the mode from the backend (GEMM_LOOPS with a backward,
 GEMM_LOOPS_INFERENCE without), which knows it from optimize's report (`training`); float64
 takes float32's limits (not measured apart).
 
