@@ -32,9 +32,11 @@ every GEMM a call no model ran slower up to it, while at 131,072 illustrative's 
 launches fewer), where dcn_v2 and mmoe ran faster at 32,768 (0.92 x vs 0.97 x, 0.77 x vs
 0.85 x, 24 and 5 launches more); in bfloat16 / float16 inference too (wukong 0.72 x vs 0.84 x,
 dhen 0.60 x vs 0.76 x in bfloat16; dcn_v2 0.41 x vs 0.47 x the other way). Float32 / float64
-inference takes 32,768 (INFERENCE_MAX_MACS): there batched calls beat the loops (dcn_v2
-0.72 x vs 1.02 x, 16 launches vs 5; wukong 0.84 x vs 0.97 x; dhen 0.92 x vs 0.99 x; mmoe
-0.71 x vs 0.88 x; the other seven models equal within noise). The pass learns the mode from the backend (GEMM_LOOPS with a backward,
+inference takes 32,768 (INFERENCE_MAX_MACS), a trade of launches for latency: there the
+batched calls beat the loops on dcn_v2 (0.73 x vs 0.89 x, 16 launches vs 5) and mmoe (0.71 x
+vs 0.79 x, 4 vs 2), while wukong (0.82 x vs 0.80 x, 23 vs 20) and dhen (0.92 x vs 0.89 x, 20
+vs 12) ran a little slower and the other seven alike (110 -> 134 launches over eleven).
+The pass learns the mode from the backend (GEMM_LOOPS with a backward,
 GEMM_LOOPS_INFERENCE without), which knows it from optimize's report (`training`); float64
 takes float32's limits (not measured apart).
 
