@@ -38,7 +38,7 @@ def run(name: str, train: bool) -> tuple[dict[str, list[int]], bool]:
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles, inductor_with_optimus
     from optimus_egg.bench import matches_eager, one_thread, traced_with_reference
-    from optimus_egg.gemm_loops import GEMM_LOOPS, GEMM_LOOPS_INFERENCE
+    from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
     from optimus_egg.measure import compile_inductor
 
@@ -52,7 +52,7 @@ def run(name: str, train: bool) -> tuple[dict[str, list[int]], bool]:
             counts[arm] = []
             for way in WAYS:
                 order = way != "neither"
-                loops = {"post_grad_custom_post_pass": (GEMM_LOOPS if train else GEMM_LOOPS_INFERENCE) if way == "order+loops" else None}
+                loops = {"post_grad_custom_post_pass": GEMM_LOOPS if way == "order+loops" else None}
                 if arm == "optimus_egg":  # the backend's config, the order toggled, the loops added
                     g = egg_loops if way == "order+loops" else egg
                     as_backend_compiles(g, kernel_order=order, gemm_loops=way == "order+loops", hoist=False)

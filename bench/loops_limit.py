@@ -1,16 +1,17 @@
-"""The GEMM loops' limits (src/optimus_egg/gemm_loops.py MAX_MACS, INFERENCE_MAX_MACS): what
-each limit gives as the backend compiles.
+"""The GEMM loops' limits (src/optimus_egg/gemm_loops.py MAX_MACS, batch_limit): what each
+limit gives as the backend compiles.
 
-    python bench/loops_limit.py [--models dcn_v2,wukong] [--limits 65536,32768] [--rounds 60]
-                                [--dtype float32] [--train]
+    python bench/loops_limit.py [--models dcn_v2,wukong] [--limits 65536,32768,32768/65536]
+                                [--rounds 60] [--dtype float32] [--train]
 
 Per model, launches and median latency (training: step time) relative to plain Inductor, one
 torch thread, interleaved rounds, of plain Inductor, Inductor + Optimus (the bench's arm) and
-optimus_egg at 1 s with each limit in turn, for every dtype, in the pricing (launch_cost.
-LOOP_LIMITS), in the pass and in the post-grad batchings; values (and gradients) checked
-against eager, in bfloat16 / float16 against float64 as the bench does. A GEMM the limit puts
-out of the loops is a call the search may batch with others, so a lower limit trades launches
-for the GEMM library's speed: the limits are where that trade pays, per dtype and mode.
+optimus_egg at 1 s with each limit in turn, for every dtype and mode: N in the pricing
+(launch_cost.LOOP_LIMITS), in the pass and in the post-grad batchings; N/P the pricing and
+the batchings at N, the pass at P. Values (and gradients) checked against eager, in bfloat16 /
+float16 against float64 as the bench does. A GEMM past the pricing's limit is a call the search
+may batch with others, so a lower limit trades launches for the GEMM library's speed; past the
+pass's it stays a call even where nothing batches it.
 """
 from __future__ import annotations
 
@@ -21,26 +22,26 @@ import torch
 
 
 @contextmanager
-def one_limit(max_macs: int):
-    """Every GEMM of at most `max_macs` multiply-adds written as loops, whatever its dtype and
-    mode, and priced so."""
+def one_limit(max_macs: int, pass_macs: int | None = None):
+    """Every GEMM of at most `max_macs` multiply-adds priced as loops and left alone by the
+    post-grad batchings, whatever the mode, and written as loops by the pass up to `pass_macs`
+    (`max_macs` where None): a GEMM between the two is priced a call, batched where the search
+    finds siblings, and written as loops where it stays alone."""
     from optimus_egg import gemm_loops
     from optimus_egg.extract import launch_cost
 
-    saved = (dict(launch_cost.LOOP_LIMITS), gemm_loops.limits, gemm_loops.GEMM_LOOPS.max_macs,
-             gemm_loops.GEMM_LOOPS_INFERENCE.max_macs)
+    saved = (dict(launch_cost.LOOP_LIMITS), gemm_loops.batch_limit, gemm_loops.GEMM_LOOPS.max_macs)
     launch_cost.LOOP_LIMITS.update(dict.fromkeys(launch_cost.LOOP_LIMITS, max_macs))
-    gemm_loops.limits = lambda training: max_macs
-    gemm_loops.GEMM_LOOPS.max_macs = gemm_loops.GEMM_LOOPS_INFERENCE.max_macs = max_macs
+    gemm_loops.batch_limit = lambda training: max_macs
+    gemm_loops.GEMM_LOOPS.max_macs = pass_macs or max_macs
     try:
         yield
     finally:
         launch_cost.LOOP_LIMITS.update(saved[0])
-        gemm_loops.limits = saved[1]
-        gemm_loops.GEMM_LOOPS.max_macs, gemm_loops.GEMM_LOOPS_INFERENCE.max_macs = saved[2:]
+        gemm_loops.batch_limit, gemm_loops.GEMM_LOOPS.max_macs = saved[1:]
 
 
-def run(name: str, limits: list[int], rounds: int, dtype: str, train: bool) -> tuple[bool, dict[str, int]]:
+def run(name: str, limits: list[str], rounds: int, dtype: str, train: bool) -> tuple[bool, dict[str, int]]:
     """Whether every arm's values matched, and each arm's launches."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles, inductor_with_optimus
@@ -57,7 +58,7 @@ def run(name: str, limits: list[int], rounds: int, dtype: str, train: bool) -> t
                     "optimus": compile_inductor(inductor_with_optimus(gm, inputs, post_grad=train), inputs,
                                                 training=train)}
         for limit in limits:
-            with one_limit(limit):
+            with one_limit(*(int(v) for v in limit.split("/"))):
                 egg = optimize(gm, inputs, budget_s=1.0, gemm_loops=True, training=train, hoisted=not train)
                 compiled[f"egg@{limit}"] = compile_inductor(as_backend_compiles(egg, training=train), inputs,
                                                             training=train)
@@ -77,13 +78,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(default_models()))
-    ap.add_argument("--limits", default="65536,32768")
+    ap.add_argument("--limits", default="65536,32768,32768/65536")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
     ap.add_argument("--train", action="store_true")
     args = ap.parse_args(argv)
     warm_up_inductor(args.train)
-    limits = [int(v) for v in args.limits.split(",")]
+    limits = args.limits.split(",")
     ok = True
     for name in args.models.split(","):
         ok &= run(name, limits, args.rounds, args.dtype, args.train)[0]

@@ -20,8 +20,9 @@ probes), so graphs on a GPU are priced with the CPU table and the optimize repor
 "cpu_loops" is the CPU target compiled with small GEMMs as loops (src/optimus_egg/gemm_loops.py,
 `optimize(..., gemm_loops=True)`): the same prices, but a GEMM of at most gemm_loops.MAX_MACS
 multiply-adds is elementwise code there, like Inductor's own small decompositions below;
-"cpu_loops_small" the same with the lower limit of float32 / float64 GEMMs in inference
-(gemm_loops.INFERENCE_MAX_MACS; `LOOP_LIMITS`).
+"cpu_loops_small" the same with the lower limit of a graph compiled without a backward
+(gemm_loops.batch_limit: a GEMM past it is priced a call, which the search batches where it can;
+`LOOP_LIMITS`).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import math
 
 import torch
 
-from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, INFERENCE_MAX_MACS, MAX_MACS
+from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, batch_limit
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
         "reshape"}  # as a template reshape (VIEW_TARGETS); it copies only where strides allow no view
@@ -38,12 +39,9 @@ TABLES: dict[str, dict[str, float]] = {
     "cpu": {"gemm": 1.0, "reduction": 1.0, "elementwise": 0.5, "copy": 0.25},
 }
 LOOPS = "cpu_loops"  # the CPU target with small GEMMs as loops: CPU prices, loops_gemm below
-LOOPS_SMALL = "cpu_loops_small"  # the same, an inference graph with float32 / float64 tensors
-WIDE = (torch.float32, torch.float64)
-# The loops' limit per table. A graph is priced with one limit: an inference graph mixing
-# float32 / float64 with 16-bit GEMMs gets the lower (a 16-bit GEMM between the two limits is
-# then priced a call and compiled as loops: a price off, values unchanged).
-LOOP_LIMITS = {LOOPS: MAX_MACS, LOOPS_SMALL: min(INFERENCE_MAX_MACS[t] for t in WIDE)}
+LOOPS_SMALL = "cpu_loops_small"  # the same, a graph compiled without a backward
+# The loops' limit per table, as the search prices them (gemm_loops.batch_limit).
+LOOP_LIMITS = {LOOPS: batch_limit(training=True), LOOPS_SMALL: batch_limit(training=False)}
 for _t in LOOP_LIMITS:
     TABLES[_t] = dict(TABLES["cpu"])
 CPU_TABLES = ("cpu", *LOOP_LIMITS)  # tables of Inductor's C++ backend: the fusion estimate counts its kernels
@@ -70,25 +68,25 @@ REDUCTION_TARGETS = {"sum", "mean", "softmax", "log_softmax", "amax", "max", "mi
                      "batched_layer_norm"}
 
 
-def table_for(device_type: str, gemm_loops: bool = False, small: bool = False) -> str:
+def table_for(device_type: str, gemm_loops: bool = False, training: bool = False) -> str:
     """The name of the table that prices graphs on `device_type` ("cpu", "cuda", ...), compiled
-    with small GEMMs as loops if `gemm_loops` (a CPU-only pass: other devices ignore it), up to
-    the lower limit if `small` (an inference graph with float32 / float64 tensors)."""
+    with small GEMMs as loops if `gemm_loops` (a CPU-only pass: other devices ignore it), with a
+    backward if `training` (the loops' batch limit differs: gemm_loops.batch_limit)."""
     if device_type == "cpu" and gemm_loops:
-        return LOOPS_SMALL if small else LOOPS
+        return LOOPS if training else LOOPS_SMALL
     return device_type if device_type in TABLES and device_type not in LOOP_LIMITS else "cpu"
 
 
 def table_of(inputs, gemm_loops: bool = False, training: bool = False) -> str:
     """The table for a graph run on `inputs` (with its parameters, where given): their device's,
-    "cpu" where they are on several; with `gemm_loops` LOOPS on CPU where every floating
-    tensor has a dtype the loops rewrite (gemm_loops.DTYPES), LOOPS_SMALL where one of them is
-    float32 / float64 and the graph is compiled without a backward (not `training`)."""
+    "cpu" where they are on several; with `gemm_loops`, on CPU where every floating tensor has
+    a dtype the loops rewrite (gemm_loops.DTYPES), LOOPS for a graph compiled with a backward
+    (`training`), LOOPS_SMALL without one."""
     tensors = [x for x in inputs if hasattr(x, "device") and hasattr(x, "dtype")]
     devices = {x.device.type for x in tensors}
     floats = {x.dtype for x in tensors if x.dtype.is_floating_point}
     loops = gemm_loops and floats <= set(LOOP_DTYPES)
-    return table_for(devices.pop() if len(devices) == 1 else "cpu", loops, not training and bool(floats & set(WIDE)))
+    return table_for(devices.pop() if len(devices) == 1 else "cpu", loops, training)
 
 
 def graph_table(gm, inputs, gemm_loops: bool = False, training: bool = False) -> str:

@@ -176,17 +176,12 @@ def test_backend_takes_gemm_loops_as_an_option():
     assert fired[False] == 0 and fired[True] > 0 and fired[None] == fired[True], fired
 
 
-def test_pass_has_a_cache_key_per_mode():
-    assert gemm_loops.GemmLoops(gemm_loops.INFERENCE_MAX_MACS).uuid() == gemm_loops.GEMM_LOOPS_INFERENCE.uuid()
-    assert gemm_loops.GEMM_LOOPS_INFERENCE.uuid() != gemm_loops.GEMM_LOOPS.uuid()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_backend_gives_the_pass_the_limits_of_its_mode(dtype):
-    """A [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds, past the float32 inference limit)
-    through the backend: in float32 inference a call, trained loops (its forward GEMM and its
-    weight gradient's), in bfloat16 loops either way; values and gradients eager's (bfloat16: as
-    close to float64 as plain Inductor's)."""
+def test_a_lone_gemm_between_the_limits_is_loops_in_every_mode(dtype):
+    """A [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds, past the inference batch limit)
+    through the backend, alone: loops in inference (its forward GEMM) and trained (its forward
+    GEMM and its weight gradient's); values and gradients eager's (bfloat16: as close to float64
+    as plain Inductor's)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).to(dtype)
     x = torch.randn(256, 16, dtype=dtype)
@@ -205,36 +200,71 @@ def test_backend_gives_the_pass_the_limits_of_its_mode(dtype):
             for g, e in zip(grads, expected):
                 torch.testing.assert_close(g, e, **tol)
         fired[train] = counters["inductor"][gemm_loops.COUNTER]
-    wide = dtype == torch.float32
-    assert fired == {False: 0 if wide else 1, True: 2}, fired
+    assert fired == {False: 1, True: 2}, fired
+
+
+def test_gemms_between_the_limits_batch_without_a_backward():
+    """Four [256, 16] @ [16, 16] linears on one input (each MAX_MACS multiply-adds): priced for
+    inference they are calls past the batch limit, so the search batches them into one, which
+    the backend compiles as one extern GEMM (past MAX_MACS: no loops); priced for training they
+    are loops, left apart, and the backend writes all four (and their gradients' GEMMs) as
+    loops. Values (and gradients) the input graph's every time."""
+    from optimus_egg import optimize
+    from optimus_egg.baselines import as_backend_compiles
+    from optimus_egg.extract import launch_cost
+    from optimus_egg.testing import fired
+
+    torch.manual_seed(0)
+    gm, x = fx.symbolic_trace(_Wide(16)), torch.randn(256, 16, requires_grad=True)
+    for train in (False, True):
+        with torch.set_grad_enabled(train):
+            expected = gm(x)
+            out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, training=train)
+        report = out.meta["optimus_egg"]
+        assert report.cost_table == (launch_cost.LOOPS if train else launch_cost.LOOPS_SMALL)
+        assert fired(report, "batch-linear-lhs") is not train, report
+        counters["inductor"][gemm_loops.COUNTER] = 0
+        compiled = compile_inductor(as_backend_compiles(out, training=train), [x], training=train)
+        with torch.set_grad_enabled(train):
+            got = compiled.fn(x)
+        torch.testing.assert_close(got, expected)
+        if train:
+            params = dict(gm.named_parameters())
+            assert dict(out.named_parameters()).keys() == params.keys()  # unbatched: the same weights
+            grads = torch.autograd.grad(got.sum(), [x, *params.values()])
+            want = torch.autograd.grad(expected.sum(), [x, *params.values()])
+            for g, w in zip(grads, want):
+                torch.testing.assert_close(g, w)
+        assert compiled.launches.extern == (0 if train else 1), compiled.launches
+        assert counters["inductor"][gemm_loops.COUNTER] == (12 if train else 0)  # forward, input and weight grads
 
 
 def test_loops_table_prices_gemms_up_to_the_limit_as_code():
-    """launch_cost.LOOPS: a GEMM of at most MAX_MACS multiply-adds is elementwise code there
-    (a compile with a backward, or bfloat16 / float16 tensors only); LOOPS_SMALL, an inference
-    graph with float32 / float64 tensors, the same up to the lower limit; on the CPU table it
-    launches (unless Inductor's own decompositions apply)."""
+    """launch_cost.LOOPS: a GEMM of at most MAX_MACS multiply-adds is elementwise code there (a
+    compile with a backward); LOOPS_SMALL, a compile without one, the same up to the lower batch
+    limit; on the CPU table it launches (unless Inductor's own decompositions apply)."""
     from optimus_egg.extract import launch_cost as lc
 
-    assert lc.table_for("cpu", gemm_loops=True) == lc.LOOPS
-    assert lc.table_for("cpu", gemm_loops=True, small=True) == lc.LOOPS_SMALL
+    assert lc.table_for("cpu", gemm_loops=True, training=True) == lc.LOOPS
+    assert lc.table_for("cpu", gemm_loops=True) == lc.LOOPS_SMALL
     assert lc.table_for("cuda", gemm_loops=True) == "cpu"  # CPU-only pass; no GPU table
     f32, bf16, fp16 = torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.float16)
     f64, i64 = torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.int64)
     assert lc.table_of([f32], gemm_loops=True) == lc.LOOPS_SMALL
     assert lc.table_of([f32], gemm_loops=True, training=True) == lc.LOOPS
     assert lc.table_of([f32]) == lc.table_of([bf16]) == "cpu"
-    assert lc.table_of([bf16, fp16, i64], gemm_loops=True) == lc.LOOPS  # 16-bit: the higher limit
-    assert lc.table_of([f32, bf16], gemm_loops=True) == lc.LOOPS_SMALL  # mixed: the lower limit
-    assert lc.table_of([i64], gemm_loops=True) == lc.LOOPS
+    assert lc.table_of([bf16, fp16, i64], gemm_loops=True) == lc.LOOPS_SMALL
+    assert lc.table_of([bf16, fp16, i64], gemm_loops=True, training=True) == lc.LOOPS
+    assert lc.table_of([f32, bf16], gemm_loops=True) == lc.LOOPS_SMALL
+    assert lc.table_of([i64], gemm_loops=True, training=True) == lc.LOOPS
     assert lc.table_of([torch.zeros(1, dtype=torch.float8_e4m3fn)], gemm_loops=True) == "cpu"  # not rewritten
     assert lc.table_of([f64, i64], gemm_loops=True) == lc.LOOPS_SMALL
     wide = fx.symbolic_trace(_Wide(4))  # a graph's parameters count: float8 weights keep the CPU table
     assert lc.graph_table(wide, [torch.zeros(2, 4)], gemm_loops=True, training=True) == lc.LOOPS
-    assert lc.graph_table(wide.to(torch.bfloat16), [bf16.expand(2, 4)], gemm_loops=True) == lc.LOOPS
+    assert lc.graph_table(wide.to(torch.bfloat16), [bf16.expand(2, 4)], gemm_loops=True) == lc.LOOPS_SMALL
     assert lc.graph_table(fx.symbolic_trace(_Wide(4).to(torch.float8_e4m3fn)), [torch.zeros(2, 4)], gemm_loops=True) == "cpu"
-    assert lc.LOOP_LIMITS == {lc.LOOPS: gemm_loops.MAX_MACS, lc.LOOPS_SMALL: gemm_loops.INFERENCE_MAX_MACS[torch.float32]}
-    assert gemm_loops.INFERENCE_MAX_MACS[torch.float32] < gemm_loops.MAX_MACS
+    assert lc.LOOP_LIMITS == {lc.LOOPS: gemm_loops.MAX_MACS, lc.LOOPS_SMALL: gemm_loops.INFERENCE_BATCH_MACS}
+    assert gemm_loops.INFERENCE_BATCH_MACS < gemm_loops.MAX_MACS
     for table, limit in lc.LOOP_LIMITS.items():
         at_limit = (limit // (16 * 16), 16)  # x [M, 16] @ w.T [16, 16]: the limit exactly
         over = (at_limit[0] + 1, 16)
@@ -252,20 +282,18 @@ def test_loops_table_prices_gemms_up_to_the_limit_as_code():
         assert not lc.elementwise_matmul(bmm, (4, 16, 16), "cpu")
 
 
-def test_the_pass_writes_each_dtype_up_to_its_own_limit():
-    """gemm_loops.small_gemm under the inference limits: a float32 / float64 GEMM past their
-    limit stays a call, the same shapes in bfloat16 / float16 are loops; with a backward
-    (MAX_MACS, the default) all four are; an explicit int limit holds for every dtype."""
+def test_the_pass_writes_every_dtype_up_to_max_macs():
+    """gemm_loops.small_gemm: a GEMM of MAX_MACS multiply-adds is loops in every dtype, one more
+    row past it is not; the batch limit is MAX_MACS with a backward, INFERENCE_BATCH_MACS without."""
+    assert gemm_loops.batch_limit(training=True) == gemm_loops.MAX_MACS
+    assert gemm_loops.batch_limit(training=False) == gemm_loops.INFERENCE_BATCH_MACS
     rows = gemm_loops.MAX_MACS // (16 * 16)  # x [rows, 16] @ w [16, 16]: MAX_MACS exactly
-    inference = gemm_loops.limits(training=False)
-    assert gemm_loops.limits(training=True) == gemm_loops.MAX_MACS
-    for dtype, loops in ((torch.float32, False), (torch.float64, False), (torch.bfloat16, True), (torch.float16, True)):
-        gm = make_fx(lambda x, w: x @ w)(torch.zeros(rows, 16, dtype=dtype), torch.zeros(16, 16, dtype=dtype))
-        mm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default)
-        assert gemm_loops.small_gemm(mm, inference) is loops, dtype
-        assert gemm_loops.small_gemm(mm) and gemm_loops.small_gemm(mm, gemm_loops.MAX_MACS)
-        assert not gemm_loops.small_gemm(mm, gemm_loops.MAX_MACS - 1)
-        assert gemm_loops.limit_of(dtype, inference) == gemm_loops.INFERENCE_MAX_MACS[dtype]
+    for dtype in gemm_loops.DTYPES:
+        for m, loops in ((rows, True), (rows + 1, False)):
+            gm = make_fx(lambda x, w: x @ w)(torch.zeros(m, 16, dtype=dtype), torch.zeros(16, 16, dtype=dtype))
+            mm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default)
+            assert gemm_loops.small_gemm(mm) is loops, (dtype, m)
+            assert gemm_loops.small_gemm(mm, gemm_loops.INFERENCE_BATCH_MACS) is False
 
 
 class _Wide(nn.Module):

@@ -187,13 +187,13 @@ LOOPS_MAX_MACS = "loops_max_macs"
 
 
 def egg_post_grad(gemm_loops: bool = False, training: bool = False) -> dict[str, dict[str, Any]]:
-    """EGG_POST_GRAD, its GEMM batchings told about the GEMM loops where `gemm_loops` (their
-    limits with a backward where `training`: gemm_loops.limits)."""
-    from optimus_egg.gemm_loops import limits
+    """EGG_POST_GRAD, its GEMM batchings told about the GEMM loops where `gemm_loops` (the
+    limit with a backward where `training`: gemm_loops.batch_limit)."""
+    from optimus_egg.gemm_loops import batch_limit
 
     if not gemm_loops:
         return EGG_POST_GRAD
-    return {k: {**v, LOOPS_MAX_MACS: limits(training)} if k in (SAME_DTYPE_BATCH_LINEAR, BATCH_BMM) else v
+    return {k: {**v, LOOPS_MAX_MACS: batch_limit(training)} if k in (SAME_DTYPE_BATCH_LINEAR, BATCH_BMM) else v
             for k, v in EGG_POST_GRAD.items()}
 
 
@@ -633,15 +633,15 @@ def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loop
     """The Inductor config the optimus_egg backend compiles with: with `post_grad` the post-grad
     passes EGG_POST_GRAD, with `kernel_order` the CPU kernel order (`kernel_order.KERNEL_ORDER`),
     with `gemm_loops` small GEMMs as loops after the post-grad batching, which then
-    leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS` where `training`, a compile with a
-    backward, `GEMM_LOOPS_INFERENCE` otherwise; `egg_post_grad`), with `mask_stores`
+    leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`; the batchings' limit is that of a
+    compile with a backward where `training`: `egg_post_grad`), with `mask_stores`
     saved bool masks stored as bytes (`mask_stores.MASK_STORES`); they apply to the backward
     graph too. Whatever the switches, body graphs' view results are copied
     (`body_outputs.BODY_OUTPUTS`, a fix for Inductor, not a codegen choice), and the ops of
     `optimus_egg.ops` are marked cacheable (`ops.cacheable`). Each pass has a uuid, so
     Inductor's and AOT autograd's caches work as for plain torch.compile."""
     from optimus_egg.body_outputs import BODY_OUTPUTS
-    from optimus_egg.gemm_loops import GEMM_LOOPS, GEMM_LOOPS_INFERENCE
+    from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
     from optimus_egg.mask_stores import MASK_STORES
 
@@ -649,8 +649,7 @@ def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loop
 
     from optimus_egg import ops
 
-    loops = GEMM_LOOPS if training else GEMM_LOOPS_INFERENCE
-    custom = [p for p, on in ((BODY_OUTPUTS, True), (loops, gemm_loops), (MASK_STORES, mask_stores)) if on]
+    custom = [p for p, on in ((BODY_OUTPUTS, True), (GEMM_LOOPS, gemm_loops), (MASK_STORES, mask_stores)) if on]
     return {**(post_grad_patches(egg_post_grad(gemm_loops, training)) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
             "post_grad_custom_post_pass": PostPasses(custom),
             "unsafe_marked_cacheable_functions": {**config.unsafe_marked_cacheable_functions, **ops.cacheable()}}

@@ -22,29 +22,33 @@ with stride 16), as loops, left its forward 1.07 x slower than plain Inductor's;
 the search merging them into one extern GEMM, 0.83 x (`python bench/gemm_loops.py`). Where the
 layout cannot be replayed (a symbolic size, an op that fails on it) the GEMM stays a call.
 
-The limits are measured (`python bench/loops_limit.py`: each limit in the pricing, the pass and
-the post-grad batchings, 1 torch thread, 60 interleaved rounds, latency against plain
-Inductor). A GEMM past the limit is a call the search may batch with others, so a lower limit
-trades launches for the GEMM library's speed. MAX_MACS = 65,536: against the same graph with
-every GEMM a call no model ran slower up to it, while at 131,072 illustrative's chained
-[64, 64] x [64, 64] layers ran 1.15 x slower. In training it is the better of 65,536 and
-32,768 on balance: wukong 1.006 x plain vs 1.086 x and dhen 1.050 x vs 1.080 x (13 and 18
-launches fewer), where dcn_v2 and mmoe ran faster at 32,768 (0.92 x vs 0.97 x, 0.77 x vs
-0.85 x, 24 and 5 launches more); in bfloat16 / float16 inference too (wukong 0.72 x vs 0.84 x,
-dhen 0.60 x vs 0.76 x in bfloat16; dcn_v2 0.41 x vs 0.47 x the other way). Float32 / float64
-inference takes 32,768 (INFERENCE_MAX_MACS), a trade of launches for latency: there the
-batched calls beat the loops on dcn_v2 (0.73 x vs 0.89 x, 16 launches vs 5) and mmoe (0.71 x
-vs 0.79 x, 4 vs 2), while wukong (0.82 x vs 0.80 x, 23 vs 20) and dhen (0.92 x vs 0.89 x, 20
-vs 12) ran a little slower and the other seven alike (110 -> 134 launches over eleven).
-The pass learns the mode from the backend (GEMM_LOOPS with a backward,
-GEMM_LOOPS_INFERENCE without), which knows it from optimize's report (`training`); float64
-takes float32's limits (not measured apart).
+The limits are measured (`python bench/loops_limit.py`: the pricing, the pass and the post-grad
+batchings at each limit, 1 torch thread, interleaved rounds, latency against plain Inductor).
+The pass writes every vectorizing GEMM of at most MAX_MACS = 65,536 multiply-adds, in every
+mode and dtype: against the same graph with every GEMM a call no model ran slower up to it,
+while at 131,072 illustrative's chained [64, 64] x [64, 64] layers ran 1.15 x slower. What the
+search may batch is a second limit, `batch_limit`: a GEMM past it is priced a call, so the
+search (and the post-grad batchings) batch it with its siblings where they find them, and the
+pass writes it as loops where it stays alone. Without a backward it is INFERENCE_BATCH_MACS =
+32,768 (60 rounds, float32): dcn_v2's twelve low-rank experts ([64, 64] @ [64, 16] and
+[64, 16] @ [16, 64]) batched into calls ran 0.73 x plain Inductor against 0.89-1.14 x as 24
+loops, mmoe 0.74 x against 0.79-0.92 x, while wukong (0.64 x) and dhen (0.95 x) kept what the
+loops give their lone [64, 8, 16] @ [64, 16, 8] interaction bmms (20 and 12 launches; with the pass
+also at 32,768 they ran 0.72 x and 0.96 x with 23 and 20); in bfloat16 alike (dcn_v2 0.43 x
+against 0.59 x, mmoe 0.38 x against 0.44 x, wukong 0.83 x and dhen 0.63 x either way). With a
+backward it is MAX_MACS: priced at 32,768 the search merged wukong's [1024, 8] @ [8, 4] and
+[1024, 8] @ [8, 8] linears into one call past the pass's limit, a step of 0.98-1.00 x plain
+against 0.90-0.92 x (dcn_v2 and mmoe gained there: 0.88-0.90 x against 0.94-0.96 x, 0.77 x
+against 0.83 x; 100 rounds). The pass is the same in every
+mode; the backend gives the batchings the limit of the mode optimize priced for (optimize's
+report, `training`).
 
 The search knows it: `optimize(..., gemm_loops=True)` (what the backend calls) prices a GEMM
-within the limit as elementwise code (extract/launch_cost.py, tables "cpu_loops" and
-"cpu_loops_small"), so it leaves such GEMMs unbatched instead of batching them into one past
-the limit that stays a call; and the backend's post-grad GEMM batchings leave them alone
-(baselines.egg_post_grad). `backend(gemm_loops=False)` compiles without the pass.
+within the batch limit as elementwise code (extract/launch_cost.py, tables "cpu_loops" with a
+backward and "cpu_loops_small" without), so it leaves such GEMMs unbatched instead of batching
+them into one past the limit that stays a call; and the backend's post-grad GEMM batchings
+leave them alone (baselines.egg_post_grad). A GEMM between the two limits that stays alone is
+priced a launch it does not make: the estimate counts it, the compiled graph does not. `backend(gemm_loops=False)` compiles without the pass.
 """
 from __future__ import annotations
 
@@ -55,13 +59,12 @@ from torch import fx
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-# The most multiply-adds of a GEMM written as loops (module doc: measured): in a graph compiled
-# with a backward, and for bfloat16 / float16 operands without one; float32 / float64 GEMMs of
-# an inference graph up to INFERENCE_MAX_MACS.
+# The most multiply-adds of a GEMM written as loops, in every mode and dtype (module doc: measured).
 MAX_MACS = 65536
+# Without a backward, GEMMs past this are priced as calls and batched where the search finds
+# siblings; the pass still writes those left alone up to MAX_MACS (`batch_limit`).
+INFERENCE_BATCH_MACS = 32768
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-INFERENCE_MAX_MACS: dict[torch.dtype, int] = {torch.float32: 32768, torch.float64: 32768,
-                                              torch.bfloat16: MAX_MACS, torch.float16: MAX_MACS}
 COUNTER = "gemm_as_loops"
 REPEATS_COUNTER = "repeated_reductions_copied"
 
@@ -76,26 +79,19 @@ def _val(a):
     return a.meta.get("val") if isinstance(a, fx.Node) else None
 
 
-def limit_of(dtype: torch.dtype, max_macs: int | dict | None = None) -> int:
-    """The most multiply-adds of a `dtype` GEMM written as loops under `max_macs`: one limit
-    for every dtype, a dict by dtype, or None for MAX_MACS."""
-    if max_macs is None:
-        return MAX_MACS
-    return max_macs if isinstance(max_macs, int) else max_macs.get(dtype, 0)
+def batch_limit(training: bool) -> int:
+    """The most multiply-adds of a GEMM the search prices as loops and the post-grad batchings
+    leave alone, in a graph compiled with a backward (`training`) or without one (module doc)."""
+    return MAX_MACS if training else INFERENCE_BATCH_MACS
 
 
-def limits(training: bool) -> int | dict:
-    """The loops' limits for a graph compiled with a backward (`training`) or without one."""
-    return MAX_MACS if training else INFERENCE_MAX_MACS
-
-
-def written_as_loops(node: fx.Node, max_macs: int | dict | None = None) -> bool:
+def written_as_loops(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
     """Is `node` a GEMM this pass rewrites?"""
     return small_gemm(node, max_macs) and vectorizes(node)
 
 
-def small_gemm(node: fx.Node, max_macs: int | dict | None = None) -> bool:
-    """Is `node` a GEMM of at most `limit_of(dtype, max_macs)` multiply-adds on CPU tensors of
+def small_gemm(node: fx.Node, max_macs: int = MAX_MACS) -> bool:
+    """Is `node` a GEMM of at most `max_macs` multiply-adds on CPU tensors of
     one of DTYPES and static shape, beta and alpha 1 (the loops' operands, whatever their
     layout)?"""
     first = _GEMMS.get(node.target)
@@ -116,7 +112,7 @@ def small_gemm(node: fx.Node, max_macs: int | dict | None = None) -> bool:
     dims = (*a.shape, b.shape[-1])
     if not all(isinstance(d, int) for d in dims):
         return False
-    return math.prod(dims) <= limit_of(dtype, max_macs)
+    return math.prod(dims) <= max_macs
 
 
 # Ops Inductor reads through without a buffer of their own: an operand behind them is read
@@ -165,7 +161,7 @@ def call_with_val(graph: fx.Graph, target, args: tuple) -> fx.Node:
     return node
 
 
-def rewrite(graph: fx.Graph, max_macs: int | dict | None = None) -> int:
+def rewrite(graph: fx.Graph, max_macs: int = MAX_MACS) -> int:
     """Rewrite each small GEMM of `graph` as multiply + sum (module doc); returns how many."""
     done = 0
     for node in list(graph.nodes):
@@ -235,7 +231,7 @@ class GemmLoops(CustomGraphPass):
     """`rewrite` as an Inductor post_grad_custom_post_pass (its uuid keys Inductor's cache),
     then `copy_repeated_reductions`."""
 
-    def __init__(self, max_macs: int | dict | None = None):
+    def __init__(self, max_macs: int = MAX_MACS):
         self.max_macs = max_macs
 
     def __call__(self, graph: fx.Graph) -> None:
@@ -247,5 +243,4 @@ class GemmLoops(CustomGraphPass):
         return f"optimus_egg.gemm_loops:{self.max_macs}:{source}"
 
 
-GEMM_LOOPS = GemmLoops()  # compiled with a backward
-GEMM_LOOPS_INFERENCE = GemmLoops(INFERENCE_MAX_MACS)
+GEMM_LOOPS = GemmLoops()
