@@ -39,16 +39,16 @@ against 0.59 x, mmoe 0.38 x against 0.44 x, wukong 0.83 x and dhen 0.63 x either
 backward it is MAX_MACS: priced at 32,768 the search merged wukong's [1024, 8] @ [8, 4] and
 [1024, 8] @ [8, 8] linears into one call past the pass's limit, a step of 0.98-1.00 x plain
 against 0.90-0.92 x (dcn_v2 and mmoe gained there: 0.88-0.90 x against 0.94-0.96 x, 0.77 x
-against 0.83 x; 100 rounds). The pass is the same in every
-mode; the backend gives the batchings the limit of the mode optimize priced for (optimize's
-report, `training`).
+against 0.83 x; 100 rounds). The pass is the same in every mode; the backend gives the
+batchings the limit of the mode optimize priced for (optimize's report, `training`).
 
 The search knows it: `optimize(..., gemm_loops=True)` (what the backend calls) prices a GEMM
 within the batch limit as elementwise code (extract/launch_cost.py, tables "cpu_loops" with a
 backward and "cpu_loops_small" without), so it leaves such GEMMs unbatched instead of batching
 them into one past the limit that stays a call; and the backend's post-grad GEMM batchings
 leave them alone (baselines.egg_post_grad). A GEMM between the two limits that stays alone is
-priced a launch it does not make: the estimate counts it, the compiled graph does not. `backend(gemm_loops=False)` compiles without the pass.
+priced a launch it does not make: the estimate counts it, the compiled graph does not.
+`backend(gemm_loops=False)` compiles without the pass.
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from optimus_egg import ops
 
@@ -208,13 +209,22 @@ class Hoisted:
 def compile_hoisted(gm: fx.GraphModule, example_inputs: Sequence[Any],
                     compile_fn: Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]) -> Hoisted | None:
     """`compile_fn(main, inputs + hoisted values)` wrapped in a `Hoisted`, or None where `gm`
-    has no parameter-only copy (compile it as it is)."""
+    has no parameter-only copy (compile it as it is). Where the inputs are fake (Dynamo's), the
+    hoisted values are handed over as fakes of their mode with static shapes: Inductor would
+    otherwise fake each real one with fresh symbols for its sizes, symbols no Dynamo input is
+    the source of, which fail Dynamo's shape guards ("sources must not be empty")."""
     p = plan(gm, example_inputs)
     if p is None:
         return None
     prologue, main = split(gm, p)
     hoisted = Hoisted(prologue, p, gm)
-    hoisted.compiled = compile_fn(main, [*example_inputs, *hoisted.refresh(example_inputs)])
+    values = hoisted.refresh(example_inputs)
+    mode = torch._guards.detect_fake_mode(example_inputs)
+    if mode is not None:
+        with torch._guards.tracing(None):
+            values = [v if isinstance(v, FakeTensor) or not isinstance(v, torch.Tensor)
+                      else mode.from_tensor(v, static_shapes=True) for v in values]
+    hoisted.compiled = compile_fn(main, [*example_inputs, *values])
     return hoisted
 
 
