@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, batch_limit
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
