@@ -233,8 +233,8 @@ def test_hoisted_values_add_no_symbols_to_dynamo_s_shapes(reports):
         shape_env = torch._guards.detect_fake_mode(example_inputs).shape_env
         before = set(shape_env.var_to_range)
         compiled = optimus_egg.backend(strict=True)(gm, example_inputs)
-        made.append([str(sources[0].name) for s in set(shape_env.var_to_range) - before
-                     for sources in [shape_env.var_to_sources.get(s) or [None]] if sources[0] is not None])
+        made.append([src.name for s in set(shape_env.var_to_range) - before
+                     for src in shape_env.var_to_sources.get(s, [])])
         return compiled
 
     compiled = torch.compile(m, backend=backend, dynamic=True)

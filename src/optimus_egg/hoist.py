@@ -221,9 +221,8 @@ def compile_hoisted(gm: fx.GraphModule, example_inputs: Sequence[Any],
     values = hoisted.refresh(example_inputs)
     mode = torch._guards.detect_fake_mode(example_inputs)
     if mode is not None:
-        with torch._guards.tracing(None):
-            values = [v if isinstance(v, FakeTensor) or not isinstance(v, torch.Tensor)
-                      else mode.from_tensor(v, static_shapes=True) for v in values]
+        values = [v if isinstance(v, FakeTensor) or not isinstance(v, torch.Tensor)
+                  else mode.from_tensor(v, static_shapes=True) for v in values]
     hoisted.compiled = compile_fn(main, [*example_inputs, *values])
     return hoisted
 
