@@ -1,4 +1,4 @@
-"""The GEMM loops' limits (src/optimus_egg/gemm_loops.py MAX_MACS, batch_limit): what each
+"""The GEMM loops' limits (src/optimus_egg/gemm_loops.py MAX_MACS, SEARCH_MACS): what each
 limit gives as the backend compiles.
 
     python bench/loops_limit.py [--models dcn_v2,wukong] [--limits 65536,32768,32768/65536]
@@ -6,10 +6,10 @@ limit gives as the backend compiles.
 
 Per model, launches and median latency (training: step time) relative to plain Inductor, one
 torch thread, interleaved rounds, of plain Inductor, Inductor + Optimus (the bench's arm) and
-optimus_egg at 1 s with each limit in turn, for every dtype and mode: N in the pricing
-(launch_cost.LOOP_LIMITS), in the pass and in the post-grad batchings; N/P the pricing and
-the batchings at N, the pass at P. Values (and gradients) checked against eager, in bfloat16 /
-float16 against float64 as the bench does. A GEMM past the pricing's limit is a call the search
+optimus_egg at 1 s with each limit in turn, for every dtype and mode: N in the search's
+pricing (launch_cost.LOOP_LIMITS), in the pass and in the post-grad batchings; N/P the
+pricing at N, the pass and the batchings at P. Values (and gradients) checked against eager,
+in bfloat16 / float16 against float64 as the bench does. A GEMM past the pricing's limit is a call the search
 may batch with others, so a lower limit trades launches for the GEMM library's speed; past the
 pass's it stays a call even where nothing batches it.
 """
@@ -22,23 +22,22 @@ import torch
 
 
 @contextmanager
-def one_limit(max_macs: int, pass_macs: int | None = None):
-    """Every GEMM of at most `max_macs` multiply-adds priced as loops and left alone by the
-    post-grad batchings, whatever the mode, and written as loops by the pass up to `pass_macs`
-    (`max_macs` where None): a GEMM between the two is priced a call, batched where the search
-    finds siblings, and written as loops where it stays alone."""
-    from optimus_egg import gemm_loops
+def one_limit(search_macs: int, pass_macs: int | None = None):
+    """Every GEMM of at most `search_macs` multiply-adds priced as loops, and written as loops
+    by the pass (and left alone by the post-grad batchings) up to `pass_macs` (`search_macs`
+    where None): a GEMM between the two is priced a call, batched where the search finds
+    siblings, and written as loops where it stays alone."""
     from optimus_egg.extract import launch_cost
+    from optimus_egg.gemm_loops import GEMM_LOOPS
 
-    saved = (dict(launch_cost.LOOP_LIMITS), gemm_loops.batch_limit, gemm_loops.GEMM_LOOPS.max_macs)
-    launch_cost.LOOP_LIMITS.update(dict.fromkeys(launch_cost.LOOP_LIMITS, max_macs))
-    gemm_loops.batch_limit = lambda training: max_macs
-    gemm_loops.GEMM_LOOPS.max_macs = pass_macs or max_macs
+    saved = dict(launch_cost.LOOP_LIMITS), GEMM_LOOPS.max_macs
+    launch_cost.LOOP_LIMITS.update({launch_cost.LOOPS: search_macs, launch_cost.LOOPS_WRITTEN: pass_macs or search_macs})
+    GEMM_LOOPS.max_macs = pass_macs or search_macs
     try:
         yield
     finally:
         launch_cost.LOOP_LIMITS.update(saved[0])
-        gemm_loops.batch_limit, gemm_loops.GEMM_LOOPS.max_macs = saved[1:]
+        GEMM_LOOPS.max_macs = saved[1]
 
 
 def run(name: str, limits: list[str], rounds: int, dtype: str, train: bool) -> tuple[bool, dict[str, int]]:
@@ -60,8 +59,7 @@ def run(name: str, limits: list[str], rounds: int, dtype: str, train: bool) -> t
         for limit in limits:
             with one_limit(*(int(v) for v in limit.split("/"))):
                 egg = optimize(gm, inputs, budget_s=1.0, gemm_loops=True, training=train, hoisted=not train)
-                compiled[f"egg@{limit}"] = compile_inductor(as_backend_compiles(egg, training=train), inputs,
-                                                            training=train)
+                compiled[f"egg@{limit}"] = compile_inductor(as_backend_compiles(egg), inputs, training=train)
         plain = _run_and_grads(compiled["inductor"].fn, inputs, params, train) if exact is not None else None
         ok = {a: matches_eager(c.fn, inputs, params, expected, grads, train, exact, plain) for a, c in compiled.items()}
         fns = {a: _train_step(c.fn, list(params.values())) if train else c.fn for a, c in compiled.items()}

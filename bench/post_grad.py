@@ -92,7 +92,7 @@ def pass_by_pass(name: str, rounds: int) -> bool:
         # as the backend compiles: priced for small GEMMs as loops (gemm_loops.py), "egg" with them
         loops = optimize(gm, list(inputs), budget_s=1.0, gemm_loops=True)
         arms["loops"] = compile_inductor(loops, inputs, training=True, backward_config_patches=EGG_BACKWARD,
-                                         config_patches=backend_patches(gemm_loops=True, training=True))
+                                         config_patches=backend_patches(gemm_loops=True))
         ok = {label: matches_eager(c.fn, inputs, params, expected, expected_grads, True) for label, c in arms.items()}
         steps = {label: _train_step(c.fn, list(params.values())) for label, c in arms.items()}
         ms = interleaved_medians(steps, inputs, rounds=rounds)

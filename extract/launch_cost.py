@@ -18,17 +18,17 @@ The prices are data, one table per target (`TABLES`). Only "cpu" is measured; no
 available to calibrate a "cuda" table (`python bench/calibrate.py --device cuda` prints the
 probes), so graphs on a GPU are priced with the CPU table and the optimize report says so.
 "cpu_loops" is the CPU target compiled with small GEMMs as loops (src/optimus_egg/gemm_loops.py,
-`optimize(..., gemm_loops=True)`): the same prices, but a GEMM of at most gemm_loops.MAX_MACS
-multiply-adds is elementwise code there, like Inductor's own small decompositions below;
-"cpu_loops_small" the same with the lower limit of a graph compiled without a backward
-(gemm_loops.batch_limit: a GEMM past it is priced a call, which the search batches where it can;
-`LOOP_LIMITS`).
+`optimize(..., gemm_loops=True)`): the same prices, but a GEMM of at most gemm_loops.SEARCH_MACS
+multiply-adds is elementwise code there, like Inductor's own small decompositions below (one
+past it is priced a call, which the search batches where it can); "cpu_loops_written" the same
+up to gemm_loops.MAX_MACS, what the pass writes: it prices a finished graph as it compiles
+(`LOOP_LIMITS`).
 """
 from __future__ import annotations
 
 import math
 
-from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, batch_limit
+from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, MAX_MACS, SEARCH_MACS
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
         "reshape"}  # as a template reshape (VIEW_TARGETS); it copies only where strides allow no view
@@ -37,9 +37,9 @@ TABLES: dict[str, dict[str, float]] = {
     "cpu": {"gemm": 1.0, "reduction": 1.0, "elementwise": 0.5, "copy": 0.25},
 }
 LOOPS = "cpu_loops"  # the CPU target with small GEMMs as loops: CPU prices, loops_gemm below
-LOOPS_SMALL = "cpu_loops_small"  # the same, a graph compiled without a backward
-# The loops' limit per table, as the search prices them (gemm_loops.batch_limit).
-LOOP_LIMITS = {LOOPS: batch_limit(training=True), LOOPS_SMALL: batch_limit(training=False)}
+LOOPS_WRITTEN = "cpu_loops_written"  # the same, GEMMs as the pass writes them (a finished graph)
+# The loops' limit per table: what the search prices as loops, what the pass writes.
+LOOP_LIMITS = {LOOPS: SEARCH_MACS, LOOPS_WRITTEN: MAX_MACS}
 for _t in LOOP_LIMITS:
     TABLES[_t] = dict(TABLES["cpu"])
 CPU_TABLES = ("cpu", *LOOP_LIMITS)  # tables of Inductor's C++ backend: the fusion estimate counts its kernels
@@ -66,30 +66,29 @@ REDUCTION_TARGETS = {"sum", "mean", "softmax", "log_softmax", "amax", "max", "mi
                      "batched_layer_norm"}
 
 
-def table_for(device_type: str, gemm_loops: bool = False, training: bool = False) -> str:
+def table_for(device_type: str, gemm_loops: bool = False, written: bool = False) -> str:
     """The name of the table that prices graphs on `device_type` ("cpu", "cuda", ...), compiled
-    with small GEMMs as loops if `gemm_loops` (a CPU-only pass: other devices ignore it), with a
-    backward if `training` (the loops' batch limit differs: gemm_loops.batch_limit)."""
+    with small GEMMs as loops if `gemm_loops` (a CPU-only pass: other devices ignore it), as
+    the search prices them or, `written`, as the pass writes them (LOOP_LIMITS)."""
     if device_type == "cpu" and gemm_loops:
-        return LOOPS if training else LOOPS_SMALL
+        return LOOPS_WRITTEN if written else LOOPS
     return device_type if device_type in TABLES and device_type not in LOOP_LIMITS else "cpu"
 
 
-def table_of(inputs, gemm_loops: bool = False, training: bool = False) -> str:
+def table_of(inputs, gemm_loops: bool = False, written: bool = False) -> str:
     """The table for a graph run on `inputs` (with its parameters, where given): their device's,
     "cpu" where they are on several; with `gemm_loops`, on CPU where every floating tensor has
-    a dtype the loops rewrite (gemm_loops.DTYPES), LOOPS for a graph compiled with a backward
-    (`training`), LOOPS_SMALL without one."""
+    a dtype the loops rewrite (gemm_loops.DTYPES), LOOPS, or LOOPS_WRITTEN where `written`."""
     tensors = [x for x in inputs if hasattr(x, "device") and hasattr(x, "dtype")]
     devices = {x.device.type for x in tensors}
     floats = {x.dtype for x in tensors if x.dtype.is_floating_point}
     loops = gemm_loops and floats <= set(LOOP_DTYPES)
-    return table_for(devices.pop() if len(devices) == 1 else "cpu", loops, training)
+    return table_for(devices.pop() if len(devices) == 1 else "cpu", loops, written)
 
 
-def graph_table(gm, inputs, gemm_loops: bool = False, training: bool = False) -> str:
+def graph_table(gm, inputs, gemm_loops: bool = False, written: bool = False) -> str:
     """`table_of` a GraphModule run on `inputs`: its inputs, parameters and buffers."""
-    return table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops, training)
+    return table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops, written)
 
 
 def loops_gemm(macs: float, table: str, scalar: bool = False) -> bool:
@@ -111,6 +110,23 @@ TRAINING_SCALAR_GEMM = 1 / 3
 def scalar_gemm_price(table: str, training: bool) -> float:
     """The price of a GEMM the loops would write but run scalar, so it stays a call."""
     return TABLES[table]["gemm"] * (TRAINING_SCALAR_GEMM if training else 1.0)
+
+
+def gemm_macs(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> int | None:
+    """Multiply-adds of matmul(a [.., M, K], b [.., K, N]) where the loops could write it (b a
+    matrix or with a's batch dims); None otherwise."""
+    if a and b and len(a) >= 2 and len(b) >= 2 and (len(b) == 2 or tuple(a[:-2]) == tuple(b[:-2])):
+        return math.prod(a) * b[-1]
+    return None
+
+
+def scalar_loops(macs: int | None, table: str) -> bool:
+    """Is a GEMM of `macs` multiply-adds one the pass would write as loops (gemm_loops.MAX_MACS,
+    whatever the batch limit) were its layout to let them vectorize? Where it would not, it
+    stays a call priced `scalar_gemm_price`: its backward GEMMs read other layouts, which the
+    pass writes up to MAX_MACS, so a gray one (past the batch limit) merged with a sibling into
+    one GEMM past MAX_MACS would make two more calls, not save one."""
+    return macs is not None and table in LOOP_LIMITS and macs <= LOOP_LIMITS[LOOPS_WRITTEN]
 
 
 def launch_cost(op: str, target_name: str | None = None, table: str = "cpu") -> float:
@@ -162,9 +178,9 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
     multiply-adds is, whose second operand is a matrix or has the first's batch dims, unless
     `strided`: neither operand's rows are contiguous (shapes.rows_strided), so the loops would
     not vectorize."""
-    if a and b and len(a) >= 2 and len(b) >= 2 and (len(b) == 2 or tuple(a[:-2]) == tuple(b[:-2])):
-        if loops_gemm(math.prod(a) * b[-1], table, scalar=strided):
-            return True
+    macs = gemm_macs(a, b)
+    if macs is not None and loops_gemm(macs, table, scalar=strided):
+        return True
     if table not in CPU_TABLES or not a or not b or len(a) != len(b) or len(a) not in (2, 3):
         return False
     if len(a) == 3:

@@ -178,8 +178,8 @@ def test_backend_takes_gemm_loops_as_an_option():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_lone_gemm_between_the_limits_is_loops_in_every_mode(dtype):
-    """A [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds, past the inference batch limit)
-    through the backend, alone: loops in inference (its forward GEMM) and trained (its forward
+    """A [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds, past SEARCH_MACS) through the
+    backend, alone: loops in inference (its forward GEMM) and trained (its forward
     GEMM and its weight gradient's); values and gradients eager's (bfloat16: as close to float64
     as plain Inductor's)."""
     torch.manual_seed(0)
@@ -203,12 +203,35 @@ def test_a_lone_gemm_between_the_limits_is_loops_in_every_mode(dtype):
     assert fired == {False: 1, True: 2}, fired
 
 
-def test_gemms_between_the_limits_batch_without_a_backward():
-    """Four [256, 16] @ [16, 16] linears on one input (each MAX_MACS multiply-adds): priced for
-    inference they are calls past the batch limit, so the search batches them into one, which
-    the backend compiles as one extern GEMM (past MAX_MACS: no loops); priced for training they
-    are loops, left apart, and the backend writes all four (and their gradients' GEMMs) as
-    loops. Values (and gradients) the input graph's every time."""
+def test_the_prediction_of_a_finished_graph_prices_gemms_as_the_pass_writes_them():
+    """A lone [256, 16] @ [16, 16] linear (between SEARCH_MACS and MAX_MACS): the search's
+    figures price it a call (the whole-graph estimate on its table counts a launch), the bench's prediction
+    of the finished graph (launch_cost.LOOPS_WRITTEN) prices it as the loops the pass writes,
+    and matches Inductor's count; values the input graph's."""
+    from optimus_egg import optimize
+    from optimus_egg.baselines import as_backend_compiles
+    from optimus_egg.bench import fx_layouts, predicted_launches
+    from optimus_egg.extract import launch_cost
+    from optimus_egg.extract.fusion_cost import fused_launches
+
+    torch.manual_seed(0)
+    gm, x = fx.symbolic_trace(nn.Sequential(nn.Linear(16, 16), nn.ReLU())), torch.randn(256, 16)
+    with torch.no_grad():
+        out = optimize(gm, [x], budget_s=1.0, strict=True, gemm_loops=True, training=False)
+        compiled = compile_inductor(as_backend_compiles(out), [x])
+        torch.testing.assert_close(compiled.fn(x), gm(x))
+    assert compiled.launches.extern == 0, compiled.launches
+    assert predicted_launches(out, [x], gemm_loops=True) == compiled.launches.total, compiled.launches
+    shape_of, strided_of = fx_layouts(out, [x])
+    assert fused_launches(out, shape_of, launch_cost.LOOPS, strided_of) == compiled.launches.total + 1  # the search's
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_gemms_between_the_limits_batch_in_every_mode(train):
+    """Four [256, 16] @ [16, 16] linears on one input (each MAX_MACS multiply-adds): priced as
+    calls past SEARCH_MACS, so the search batches them into one, which the backend compiles as
+    one extern GEMM (past MAX_MACS: no loops), and in training its two gradients' GEMMs too.
+    Values (and gradients) the input graph's."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles
     from optimus_egg.extract import launch_cost
@@ -216,61 +239,62 @@ def test_gemms_between_the_limits_batch_without_a_backward():
 
     torch.manual_seed(0)
     gm, x = fx.symbolic_trace(_Wide(16)), torch.randn(256, 16, requires_grad=True)
-    for train in (False, True):
-        with torch.set_grad_enabled(train):
-            expected = gm(x)
-            out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, training=train)
-        report = out.meta["optimus_egg"]
-        assert report.cost_table == (launch_cost.LOOPS if train else launch_cost.LOOPS_SMALL)
-        assert fired(report, "batch-linear-lhs") is not train, report
-        counters["inductor"][gemm_loops.COUNTER] = 0
-        compiled = compile_inductor(as_backend_compiles(out, training=train), [x], training=train)
-        with torch.set_grad_enabled(train):
-            got = compiled.fn(x)
-        torch.testing.assert_close(got, expected)
-        if train:
-            params = dict(gm.named_parameters())
-            assert dict(out.named_parameters()).keys() == params.keys()  # unbatched: the same weights
-            grads = torch.autograd.grad(got.sum(), [x, *params.values()])
-            want = torch.autograd.grad(expected.sum(), [x, *params.values()])
-            for g, w in zip(grads, want):
-                torch.testing.assert_close(g, w)
-        assert compiled.launches.extern == (0 if train else 1), compiled.launches
-        assert counters["inductor"][gemm_loops.COUNTER] == (12 if train else 0)  # forward, input and weight grads
+    with torch.set_grad_enabled(train):
+        expected = gm(x)
+        out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, training=train)
+    report = out.meta["optimus_egg"]
+    assert report.cost_table == launch_cost.LOOPS
+    assert fired(report, "batch-linear-lhs"), report
+    counters["inductor"][gemm_loops.COUNTER] = 0
+    compiled = compile_inductor(as_backend_compiles(out), [x], training=train)
+    with torch.set_grad_enabled(train):
+        got = compiled.fn(x)
+    torch.testing.assert_close(got, expected)
+    if train:
+        params = dict(gm.named_parameters())
+        assert dict(out.named_parameters()).keys() == params.keys()  # the graph concatenates the weights
+        grads = torch.autograd.grad(got.sum(), [x, *params.values()])
+        want = torch.autograd.grad(expected.sum(), [x, *params.values()])
+        for g, w in zip(grads, want):
+            torch.testing.assert_close(g, w)
+    assert compiled.launches.extern == (3 if train else 1), compiled.launches
+    assert counters["inductor"][gemm_loops.COUNTER] == 0
 
 
 def test_loops_table_prices_gemms_up_to_the_limit_as_code():
-    """launch_cost.LOOPS: a GEMM of at most MAX_MACS multiply-adds is elementwise code there (a
-    compile with a backward); LOOPS_SMALL, a compile without one, the same up to the lower batch
-    limit; on the CPU table it launches (unless Inductor's own decompositions apply)."""
+    """launch_cost.LOOPS (the search's prices): a GEMM of at most SEARCH_MACS multiply-adds is
+    elementwise code there; LOOPS_WRITTEN (a finished graph, as the pass writes it) the same up
+    to MAX_MACS; on the CPU table it launches (unless Inductor's own decompositions apply). A
+    GEMM whose loops would run scalar is a call on either, priced so up to MAX_MACS
+    (scalar_loops)."""
     from optimus_egg.extract import launch_cost as lc
 
-    assert lc.table_for("cpu", gemm_loops=True, training=True) == lc.LOOPS
-    assert lc.table_for("cpu", gemm_loops=True) == lc.LOOPS_SMALL
+    assert lc.table_for("cpu", gemm_loops=True) == lc.LOOPS
+    assert lc.table_for("cpu", gemm_loops=True, written=True) == lc.LOOPS_WRITTEN
     assert lc.table_for("cuda", gemm_loops=True) == "cpu"  # CPU-only pass; no GPU table
     f32, bf16, fp16 = torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.float16)
     f64, i64 = torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.int64)
-    assert lc.table_of([f32], gemm_loops=True) == lc.LOOPS_SMALL
-    assert lc.table_of([f32], gemm_loops=True, training=True) == lc.LOOPS
+    assert lc.table_of([f32], gemm_loops=True) == lc.LOOPS
+    assert lc.table_of([f32], gemm_loops=True, written=True) == lc.LOOPS_WRITTEN
     assert lc.table_of([f32]) == lc.table_of([bf16]) == "cpu"
-    assert lc.table_of([bf16, fp16, i64], gemm_loops=True) == lc.LOOPS_SMALL
-    assert lc.table_of([bf16, fp16, i64], gemm_loops=True, training=True) == lc.LOOPS
-    assert lc.table_of([f32, bf16], gemm_loops=True) == lc.LOOPS_SMALL
-    assert lc.table_of([i64], gemm_loops=True, training=True) == lc.LOOPS
+    assert lc.table_of([bf16, fp16, i64], gemm_loops=True) == lc.LOOPS
+    assert lc.table_of([f32, bf16], gemm_loops=True) == lc.LOOPS
+    assert lc.table_of([i64], gemm_loops=True, written=True) == lc.LOOPS_WRITTEN
     assert lc.table_of([torch.zeros(1, dtype=torch.float8_e4m3fn)], gemm_loops=True) == "cpu"  # not rewritten
-    assert lc.table_of([f64, i64], gemm_loops=True) == lc.LOOPS_SMALL
+    assert lc.table_of([f64, i64], gemm_loops=True) == lc.LOOPS
     wide = fx.symbolic_trace(_Wide(4))  # a graph's parameters count: float8 weights keep the CPU table
-    assert lc.graph_table(wide, [torch.zeros(2, 4)], gemm_loops=True, training=True) == lc.LOOPS
-    assert lc.graph_table(wide.to(torch.bfloat16), [bf16.expand(2, 4)], gemm_loops=True) == lc.LOOPS_SMALL
+    assert lc.graph_table(wide, [torch.zeros(2, 4)], gemm_loops=True) == lc.LOOPS
+    assert lc.graph_table(wide.to(torch.bfloat16), [bf16.expand(2, 4)], gemm_loops=True, written=True) == lc.LOOPS_WRITTEN
     assert lc.graph_table(fx.symbolic_trace(_Wide(4).to(torch.float8_e4m3fn)), [torch.zeros(2, 4)], gemm_loops=True) == "cpu"
-    assert lc.LOOP_LIMITS == {lc.LOOPS: gemm_loops.MAX_MACS, lc.LOOPS_SMALL: gemm_loops.INFERENCE_BATCH_MACS}
-    assert gemm_loops.INFERENCE_BATCH_MACS < gemm_loops.MAX_MACS
+    assert lc.LOOP_LIMITS == {lc.LOOPS: gemm_loops.SEARCH_MACS, lc.LOOPS_WRITTEN: gemm_loops.MAX_MACS}
+    assert gemm_loops.SEARCH_MACS < gemm_loops.MAX_MACS
     for table, limit in lc.LOOP_LIMITS.items():
         at_limit = (limit // (16 * 16), 16)  # x [M, 16] @ w.T [16, 16]: the limit exactly
         over = (at_limit[0] + 1, 16)
         for bias in (False, True):
             assert lc.elementwise_linear(at_limit, (16, 16), bias, table)
             assert not lc.elementwise_linear(over, (16, 16), bias, table)
+            assert not lc.elementwise_linear(at_limit, (16, 16), bias, table, strided=True)
             assert not lc.elementwise_linear(at_limit, (16, 16), bias, "cpu")
             assert lc.elementwise_batched_linear((4, 8, 16), (4, 16, 16), bias, table)
             assert not lc.elementwise_batched_linear((4, 8, 16), (4, 16, 16), bias, "cpu")
@@ -280,20 +304,22 @@ def test_loops_table_prices_gemms_up_to_the_limit_as_code():
         assert lc.elementwise_matmul((2, 32, 16), (16, 16), table)           # folded to one mm
         assert not lc.elementwise_matmul((2, 32, 16), (3, 16, 16), table)    # batch dims differ
         assert not lc.elementwise_matmul(bmm, (4, 16, 16), "cpu")
+        assert lc.scalar_loops(gemm_loops.MAX_MACS, table) and not lc.scalar_loops(gemm_loops.MAX_MACS + 1, table)
+    assert lc.gemm_macs((4, 8, 16), (4, 16, 2)) == lc.gemm_macs((32, 16), (16, 2)) == 1024
+    assert lc.gemm_macs((4, 8, 16), (3, 16, 2)) is None and lc.gemm_macs((16,), (16, 2)) is None
+    assert not lc.scalar_loops(1024, "cpu") and not lc.scalar_loops(None, lc.LOOPS)
 
 
 def test_the_pass_writes_every_dtype_up_to_max_macs():
     """gemm_loops.small_gemm: a GEMM of MAX_MACS multiply-adds is loops in every dtype, one more
-    row past it is not; the batch limit is MAX_MACS with a backward, INFERENCE_BATCH_MACS without."""
-    assert gemm_loops.batch_limit(training=True) == gemm_loops.MAX_MACS
-    assert gemm_loops.batch_limit(training=False) == gemm_loops.INFERENCE_BATCH_MACS
+    row past it is not; at SEARCH_MACS neither is."""
     rows = gemm_loops.MAX_MACS // (16 * 16)  # x [rows, 16] @ w [16, 16]: MAX_MACS exactly
     for dtype in gemm_loops.DTYPES:
         for m, loops in ((rows, True), (rows + 1, False)):
             gm = make_fx(lambda x, w: x @ w)(torch.zeros(m, 16, dtype=dtype), torch.zeros(16, 16, dtype=dtype))
             mm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default)
             assert gemm_loops.small_gemm(mm) is loops, (dtype, m)
-            assert gemm_loops.small_gemm(mm, gemm_loops.INFERENCE_BATCH_MACS) is False
+            assert gemm_loops.small_gemm(mm, gemm_loops.SEARCH_MACS) is False
 
 
 class _Wide(nn.Module):
@@ -322,7 +348,7 @@ def test_search_priced_for_the_loops_leaves_their_gemms_unbatched(rows, d, batch
         for loops, want in ((False, True), (True, batched_with_loops)):
             out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=loops)
             report = out.meta["optimus_egg"]
-            assert report.cost_table == ("cpu_loops_small" if loops else "cpu")  # an inference graph of float32
+            assert report.cost_table == ("cpu_loops" if loops else "cpu")
             assert fired(report, "batch-linear-lhs") is want, (loops, report)
             linears = sum(n.target is torch._C._nn.linear or n.op == "call_module" for n in out.graph.nodes)
             assert linears == (1 if want else 4)
@@ -337,24 +363,33 @@ def test_optimize_rejects_a_gemm_loops_that_is_not_a_bool():
         optimize(gm, [torch.randn(2, 4)], gemm_loops="yes")
 
 
-def test_post_grad_batching_leaves_the_loops_gemms_alone():
-    """In training the backward's four weight gradients ([16, 32] @ [32, 16]) are batched by
-    the backend's post-grad passes, but not where the loops write each of them as code: there
-    the batch would be one call in place of code fused with its neighbours. Gradients equal
-    eager's either way."""
+@pytest.mark.parametrize("rows,training", [(32, True), (256, True), (256, False)])
+def test_post_grad_batching_leaves_the_loops_gemms_alone(rows, training):
+    """The four expert linears' GEMMs (forward [rows, 16] @ [16, 16], in training the backward's
+    too) are batched by the backend's post-grad passes, but not where the loops write each of
+    them as code, up to MAX_MACS in every mode (rows 256: MAX_MACS each, past SEARCH_MACS):
+    there the batch would be one call in place of code fused with its neighbours. Values and
+    gradients equal eager's either way."""
     torch.manual_seed(0)
-    model, x = _Experts().train(), torch.randn(32, 16)
+    model, x = _Experts().train(training), torch.randn(rows, 16)
     gm = fx.symbolic_trace(model)
-    model(x).sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
+    with torch.set_grad_enabled(training):
+        expected = model(x)
+    if training:
+        expected.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()] if training else []
     batched, launches = {}, {}
     for loops in (False, True):
         counters["inductor"].clear()
-        c = compile_inductor(gm, [x], training=True, config_patches=backend_patches(gemm_loops=loops))
+        c = compile_inductor(gm, [x], training=training, config_patches=backend_patches(gemm_loops=loops))
         model.zero_grad()  # (compiling ran a backward)
-        c.fn(x).sum().backward()
-        for p, want in zip(model.parameters(), grads):
-            torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-5)
+        with torch.set_grad_enabled(training):
+            got = c.fn(x)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        if training:
+            got.sum().backward()
+            for p, want in zip(model.parameters(), grads):
+                torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-4)
         batched[loops] = counters["inductor"]["batch_linear_post_grad"]  # the fusion's counter
         launches[loops] = c.launches.total
     assert batched[False] > 0 and batched[True] == 0, batched

@@ -102,15 +102,14 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
         def inductor(g: torch.fx.GraphModule, with_extras: bool = extras, inputs=example_inputs):
             # compile_fx re-applies its config_patches when it compiles the backward later
             # (the mask stores with the reuse off: C++ that does not compile, "Vectorized<bool> has no cast")
-            patches = {**(backend_patches(post_grad, kernel_order, gemm_loops, mask_stores and not shared,
-                                          training=training) if with_extras else {}),
+            patches = {**(backend_patches(post_grad, kernel_order, gemm_loops, mask_stores and not shared)
+                          if with_extras else {}),
                        **(SHARED_BODY_TRAINING if shared else {}), **user}
             return compile_fx(g, inputs, inner_compile=inner if with_extras else compile_inner,
                               config_patches=patches or None)
 
         out = optimize(gm, list(example_inputs), budget_s, gemm_loops=gemm_loops, buffer_reuse=not shared,
                        hoisted=hoist and not cudagraphs, **options)
-        training = out.meta["optimus_egg"].training  # as optimize priced it (the GEMM loops' limits)
         try:  # (with every switch off, still body_outputs.BODY_OUTPUTS: backend_patches)
             if hoist and not cudagraphs and not hoisting.grads_needed(out, example_inputs):
                 compiled = hoisting.compile_hoisted(out, example_inputs, lambda g, xs: inductor(g, True, xs))

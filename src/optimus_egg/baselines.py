@@ -186,14 +186,14 @@ EGG_POST_GRAD: dict[str, dict[str, Any]] = {
 LOOPS_MAX_MACS = "loops_max_macs"
 
 
-def egg_post_grad(gemm_loops: bool = False, training: bool = False) -> dict[str, dict[str, Any]]:
-    """EGG_POST_GRAD, its GEMM batchings told about the GEMM loops where `gemm_loops` (the
-    limit with a backward where `training`: gemm_loops.batch_limit)."""
-    from optimus_egg.gemm_loops import batch_limit
+def egg_post_grad(gemm_loops: bool = False) -> dict[str, dict[str, Any]]:
+    """EGG_POST_GRAD, its GEMM batchings told about the GEMM loops where `gemm_loops`: they
+    leave alone what the pass writes (gemm_loops.GEMM_LOOPS's limit)."""
+    from optimus_egg.gemm_loops import GEMM_LOOPS
 
     if not gemm_loops:
         return EGG_POST_GRAD
-    return {k: {**v, LOOPS_MAX_MACS: batch_limit(training)} if k in (SAME_DTYPE_BATCH_LINEAR, BATCH_BMM) else v
+    return {k: {**v, LOOPS_MAX_MACS: GEMM_LOOPS.max_macs} if k in (SAME_DTYPE_BATCH_LINEAR, BATCH_BMM) else v
             for k, v in EGG_POST_GRAD.items()}
 
 
@@ -612,29 +612,23 @@ def backward_patched(patches: dict[str, Any], inner: Callable[..., Any] | None =
 
 
 def as_backend_compiles(gm: fx.GraphModule, post_grad: bool = True, kernel_order: bool = True,
-                        gemm_loops: bool = True, mask_stores: bool = True, hoist: bool = True,
-                        training: bool | None = None) -> fx.GraphModule:
+                        gemm_loops: bool = True, mask_stores: bool = True, hoist: bool = True) -> fx.GraphModule:
     """Mark `gm` (optimize()'s result) so that measure.compile_inductor compiles it as the
-    backend does: `backend_patches(post_grad, kernel_order, gemm_loops, mask_stores, training)`,
+    backend does: `backend_patches(post_grad, kernel_order, gemm_loops, mask_stores)`,
     EGG_BACKWARD for the backward graph, with `hoist` its parameter copies computed once in
-    inference (hoist.py). `training` (the GEMM loops' limits): whether it is compiled with a
-    backward; by default as optimize priced it (its report's `training`; False without one)."""
-    if training is None:
-        report = gm.meta.get("optimus_egg")
-        training = bool(getattr(report, "training", False))
-    gm.meta["inductor_config_patches"] = backend_patches(post_grad, kernel_order, gemm_loops, mask_stores, training)
+    inference (hoist.py)."""
+    gm.meta["inductor_config_patches"] = backend_patches(post_grad, kernel_order, gemm_loops, mask_stores)
     gm.meta["inductor_backward_config_patches"] = EGG_BACKWARD
     gm.meta["hoist_parameters"] = hoist
     return gm
 
 
 def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loops: bool = True,
-                    mask_stores: bool = True, training: bool = False) -> dict[str, Any]:
+                    mask_stores: bool = True) -> dict[str, Any]:
     """The Inductor config the optimus_egg backend compiles with: with `post_grad` the post-grad
     passes EGG_POST_GRAD, with `kernel_order` the CPU kernel order (`kernel_order.KERNEL_ORDER`),
     with `gemm_loops` small GEMMs as loops after the post-grad batching, which then
-    leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`; the batchings' limit is that of a
-    compile with a backward where `training`: `egg_post_grad`), with `mask_stores`
+    leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`, `egg_post_grad`), with `mask_stores`
     saved bool masks stored as bytes (`mask_stores.MASK_STORES`); they apply to the backward
     graph too. Whatever the switches, body graphs' view results are copied
     (`body_outputs.BODY_OUTPUTS`, a fix for Inductor, not a codegen choice), and the ops of
@@ -650,7 +644,7 @@ def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loop
     from optimus_egg import ops
 
     custom = [p for p, on in ((BODY_OUTPUTS, True), (GEMM_LOOPS, gemm_loops), (MASK_STORES, mask_stores)) if on]
-    return {**(post_grad_patches(egg_post_grad(gemm_loops, training)) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
+    return {**(post_grad_patches(egg_post_grad(gemm_loops)) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
             "post_grad_custom_post_pass": PostPasses(custom),
             "unsafe_marked_cacheable_functions": {**config.unsafe_marked_cacheable_functions, **ops.cacheable()}}
 

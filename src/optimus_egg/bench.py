@@ -284,17 +284,17 @@ def _optimus_counter_names() -> set[str]:
 
 
 def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any], gemm_loops: bool = False,
-                       hoisted: bool = False, training: bool = False) -> float:
+                       hoisted: bool = False) -> float:
     """Launches the cost model predicts for ``gm`` as written: the whole-graph estimate with
-    Inductor's fusion (extract/fusion_cost.py), given the shapes of one run on ``inputs``, as
-    optimize() gives it (compiled with small GEMMs as loops where ``gemm_loops``, to the limits
-    of a compile with a backward where ``training``, with its parameter copies computed once
-    where ``hoisted``: hoist.py). NaN if the graph cannot be read."""
+    Inductor's fusion (extract/fusion_cost.py), given the shapes of one run on ``inputs``
+    (compiled with small GEMMs as loops where ``gemm_loops``, as the pass writes them:
+    launch_cost.LOOPS_WRITTEN; with its parameter copies computed once where ``hoisted``:
+    hoist.py). NaN if the graph cannot be read."""
     from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.hoist import plan
 
     try:
-        table = graph_table(gm, inputs, gemm_loops, training)
+        table = graph_table(gm, inputs, gemm_loops, written=True)
         shape_of, strided_of = fx_layouts(gm, inputs)
         once = plan(gm, inputs) if hoisted else None
         return float(fused_launches(gm, shape_of, table, strided_of, once.nodes if once else ()))
@@ -482,12 +482,12 @@ def run_model(
             for b in budgets:
                 t = time.perf_counter()
                 egg = optimize(gm, inputs, budget_s=b, gemm_loops=gemm_loops, training=train, hoisted=not train)
-                as_backend_compiles(egg, gemm_loops=gemm_loops, training=train)
+                as_backend_compiles(egg, gemm_loops=gemm_loops)
                 plan.append(_Arm(egg_arm(b), _budget_label(b), egg, time.perf_counter() - t,
                                  report=egg.meta["optimus_egg"], gemm_loops=gemm_loops))
         if GREEDY_RULES in wanted:
             greedy = rewrite_greedily(gm, inputs, gemm_loops=gemm_loops, training=train, hoisted=not train)
-            as_backend_compiles(greedy, gemm_loops=gemm_loops, training=train)
+            as_backend_compiles(greedy, gemm_loops=gemm_loops)
             rep = greedy.meta["optimus_egg_greedy"]
             plan.append(_Arm(GREEDY_RULES, "", greedy, rep.seconds, report=rep, gemm_loops=gemm_loops))
 
@@ -517,7 +517,7 @@ def run_model(
                 fx_nodes=fx_nodes, launches=L.total, extern=L.extern,
                 kernels=L.cpp + L.triton + L.fallback, profiled_launches="",
                 pred_launches=predicted_launches(arm.graph, inputs, arm.gemm_loops,
-                                                 bool(arm.graph.meta.get("hoist_parameters")) and not train, train)
+                                                 bool(arm.graph.meta.get("hoist_parameters")) and not train)
                 if predict else math.nan,
                 optimize_s=round(arm.optimize_s, 4), compile_s=round(c.compile_s, 3),
                 total_compile_s=round(arm.optimize_s + c.compile_s, 3),

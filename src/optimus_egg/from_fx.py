@@ -1448,13 +1448,11 @@ def _live(graph: fx.Graph, effects: set[fx.Node]) -> set[fx.Node]:
 
 
 def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
-            meanwhile: Callable[[], None] | None = None, gemm_loops: bool = False,
-            training: bool = False) -> Lowered:
+            meanwhile: Callable[[], None] | None = None, gemm_loops: bool = False) -> Lowered:
     """Lower `gm` into a fresh e-graph; raises ValueError on inputs that do not fit the graph.
     `meanwhile` runs once the shapes are being propagated: beside the child that streams them
     on big graphs (`shape_values`), so it costs no wall time while that runs. `gemm_loops`:
-    priced for a compile with small GEMMs as loops (launch_cost.LOOP_LIMITS), with a backward
-    where `training` (the loops' limits differ)."""
+    priced for a compile with small GEMMs as loops (launch_cost.LOOPS)."""
     inputs = check_inputs(gm, example_inputs)
     modules = _submodules(gm)
     mutated = [n for n in gm.graph.nodes if is_mutation(n, modules)]
@@ -1475,7 +1473,7 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
                 values = shapes._Local(new_values)
                 modules = _submodules(gm)
                 mutated = [n for n in gm.graph.nodes if is_mutation(n, modules)]
-        lowered = _lower(gm, inputs, values, modules, mutated, seed_groups, gemm_loops, training)
+        lowered = _lower(gm, inputs, values, modules, mutated, seed_groups, gemm_loops)
         lowered.out_of_place = out_of_place
     except ValueError:
         raise
@@ -1487,8 +1485,7 @@ def from_fx(gm: fx.GraphModule, example_inputs, *, seed_groups: bool = True,
     return lowered
 
 
-def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: bool = False,
-           training: bool = False) -> Lowered:
+def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: bool = False) -> Lowered:
     lw = _Lowerer(gm, values, modules, mutated)
     live = _live(gm.graph, lw.effect_set)
     # Effects are ordered as memory accesses: a write (a mutation, a draw, any call not known
@@ -1533,7 +1530,7 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: 
     outs.extend(e for e in dict.fromkeys([last_write, *reads]) if e is not None)
     root = _app("outputs", _vec(outs))
     values.finish()  # every node ran: the inputs fit the graph
-    lw.cost_table = graph_table(gm, inputs, gemm_loops, training)
+    lw.cost_table = graph_table(gm, inputs, gemm_loops)
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,

@@ -25,30 +25,34 @@ layout cannot be replayed (a symbolic size, an op that fails on it) the GEMM sta
 The limits are measured (`python bench/loops_limit.py`: the pricing, the pass and the post-grad
 batchings at each limit, 1 torch thread, interleaved rounds, latency against plain Inductor).
 The pass writes every vectorizing GEMM of at most MAX_MACS = 65,536 multiply-adds, in every
-mode and dtype: against the same graph with every GEMM a call no model ran slower up to it,
-while at 131,072 illustrative's chained [64, 64] x [64, 64] layers ran 1.15 x slower. What the
-search may batch is a second limit, `batch_limit`: a GEMM past it is priced a call, so the
-search (and the post-grad batchings) batch it with its siblings where they find them, and the
-pass writes it as loops where it stays alone. Without a backward it is INFERENCE_BATCH_MACS =
-32,768 (60 rounds, float32): dcn_v2's twelve low-rank experts ([64, 64] @ [64, 16] and
-[64, 16] @ [16, 64]) batched into calls ran 0.73 x plain Inductor against 0.89-1.14 x as 24
-loops, mmoe 0.74 x against 0.79-0.92 x, while wukong (0.64 x) and dhen (0.95 x) kept what the
-loops give their lone [64, 8, 16] @ [64, 16, 8] interaction bmms (20 and 12 launches; with the pass
-also at 32,768 they ran 0.72 x and 0.96 x with 23 and 20); in bfloat16 alike (dcn_v2 0.43 x
-against 0.59 x, mmoe 0.38 x against 0.44 x, wukong 0.83 x and dhen 0.63 x either way). With a
-backward it is MAX_MACS: priced at 32,768 the search merged wukong's [1024, 8] @ [8, 4] and
-[1024, 8] @ [8, 8] linears into one call past the pass's limit, a step of 0.98-1.00 x plain
-against 0.90-0.92 x (dcn_v2 and mmoe gained there: 0.88-0.90 x against 0.94-0.96 x, 0.77 x
-against 0.83 x; 100 rounds). The pass is the same in every mode; the backend gives the
-batchings the limit of the mode optimize priced for (optimize's report, `training`).
+mode and dtype, and the post-grad batchings leave those alone: against the same graph with
+every GEMM a call no model ran slower up to it, while at 131,072 illustrative's chained
+[64, 64] x [64, 64] layers ran 1.15 x slower. The search prices as loops only GEMMs of at most
+SEARCH_MACS = 32,768: one past it is priced a call, so the search batches it with its
+siblings where it finds them, and the pass writes it as loops where it stays alone. Inference,
+float32, 60 rounds: dcn_v2's twelve low-rank experts ([64, 64] @ [64, 16] and [64, 16] @ [16, 64])
+batched into calls ran 0.72 x plain Inductor against 0.89-1.14 x as 24 loops, mmoe 0.73 x
+against 0.79-0.92 x, while wukong (0.64 x) and dhen (0.88 x) kept what the loops give their lone
+[64, 8, 16] @ [64, 16, 8] interaction bmms (20 and 12 launches; with the pass also at 32,768
+they ran 0.72 x and 0.96 x with 23 and 20); in bfloat16 alike (dcn_v2 0.43 x against 0.59 x,
+mmoe 0.38 x against 0.44 x). Training steps (100 rounds): dcn_v2 0.92 x against 0.95 x, mmoe
+0.79 x against 0.82 x, parallel_mlp 0.91 x against 0.94 x, the other six 0.005-0.010 x slower
+at equal launches. There the post-grad batchings must leave alone
+everything the pass writes: leaving alone only what the search prices as loops, wukong and
+dhen compiled to 40 and 32 launches against 39 and 28.
+
+A GEMM whose loops would not vectorize stays a call forward, but its backward GEMMs read other
+layouts and the pass writes them up to MAX_MACS; the search prices it so up to MAX_MACS
+(launch_cost.scalar_loops), or it would merge wukong's [1024, 8] @ [8, 4] and [1024, 8] @ [8, 8]
+transposed-embedding linears into one past MAX_MACS, two calls more in the backward.
 
 The search knows it: `optimize(..., gemm_loops=True)` (what the backend calls) prices a GEMM
-within the batch limit as elementwise code (extract/launch_cost.py, tables "cpu_loops" with a
-backward and "cpu_loops_small" without), so it leaves such GEMMs unbatched instead of batching
-them into one past the limit that stays a call; and the backend's post-grad GEMM batchings
-leave them alone (baselines.egg_post_grad). A GEMM between the two limits that stays alone is
-priced a launch it does not make: the estimate counts it, the compiled graph does not.
-`backend(gemm_loops=False)` compiles without the pass.
+within SEARCH_MACS as elementwise code (extract/launch_cost.py, table "cpu_loops"), so it
+leaves such GEMMs unbatched instead of batching them into one past the limit that stays a call;
+and the backend's post-grad GEMM batchings leave alone what the pass writes
+(baselines.egg_post_grad). A GEMM between the two limits that stays alone is priced a launch it
+does not make: the search's figures count it, the bench's prediction of a finished graph
+(table "cpu_loops_written") does not. `backend(gemm_loops=False)` compiles without the pass.
 """
 from __future__ import annotations
 
@@ -61,9 +65,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 # The most multiply-adds of a GEMM written as loops, in every mode and dtype (module doc: measured).
 MAX_MACS = 65536
-# Without a backward, GEMMs past this are priced as calls and batched where the search finds
-# siblings; the pass still writes those left alone up to MAX_MACS (`batch_limit`).
-INFERENCE_BATCH_MACS = 32768
+# The most the search prices as loops: past it a GEMM is priced a call and batched where the
+# search finds siblings; the pass still writes those left alone up to MAX_MACS.
+SEARCH_MACS = 32768
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 COUNTER = "gemm_as_loops"
 REPEATS_COUNTER = "repeated_reductions_copied"
@@ -77,12 +81,6 @@ _GEMMS = {aten.mm.default: 0, aten.bmm.default: 0, aten.addmm.default: 1, aten.b
 
 def _val(a):
     return a.meta.get("val") if isinstance(a, fx.Node) else None
-
-
-def batch_limit(training: bool) -> int:
-    """The most multiply-adds of a GEMM the search prices as loops and the post-grad batchings
-    leave alone, in a graph compiled with a backward (`training`) or without one (module doc)."""
-    return MAX_MACS if training else INFERENCE_BATCH_MACS
 
 
 def written_as_loops(node: fx.Node, max_macs: int = MAX_MACS) -> bool:

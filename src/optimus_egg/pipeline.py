@@ -27,7 +27,8 @@ from optimus_egg.extract.fusion_cost import MAY_COPY, fused_launches, node_kind
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, elementwise_batched_linear,
-                                             elementwise_linear, elementwise_matmul, launch_cost, scalar_gemm_price)
+                                             elementwise_linear, elementwise_matmul, gemm_macs, launch_cost,
+                                             scalar_gemm_price, scalar_loops)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, _returns_input, from_fx, is_mutation
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
@@ -167,10 +168,10 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
         launches = c[0]
         x, w = (shapes.get(n.children[0]), shapes.get(n.children[1])) if n.op in ("linear", "batched_linear") \
             else (None, None)
-        if n.op == "linear" and elementwise_linear(x, w, n.children[2] in shapes, table):
-            # code, unless only the loops make it code and they would run scalar: then a call
-            launches = elementwise if elementwise_linear(x, w, n.children[2] in shapes, table, n.children[0] in strided) \
-                else scalar_gemm
+        if n.op == "linear" and elementwise_linear(x, w, n.children[2] in shapes, table, n.children[0] in strided):
+            launches = elementwise
+        elif n.op == "linear" and n.children[0] in strided and x and w and scalar_loops(gemm_macs(x, w[::-1]), table):
+            launches = scalar_gemm  # loops that would run scalar: a call (launch_cost.scalar_loops)
         elif n.op == "batched_linear" and elementwise_batched_linear(x, w, not _no_bias(g, n.children[2]), table):
             launches = elementwise
         elif n.op == "batched_linear" and batch_of_loops(x, w, table):
@@ -178,8 +179,10 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
         elif c[1] in ("mm", "bmm", "matmul") and n.op == "call":
             args = g.values[n.children[1]]
             a, b = (shapes.get(args[0]), shapes.get(args[1])) if len(args) >= 2 else (None, None)
-            if elementwise_matmul(a, b, table):
-                launches = elementwise if elementwise_matmul(a, b, table, strided.issuperset(args[:2])) else scalar_gemm
+            if elementwise_matmul(a, b, table, strided.issuperset(args[:2])):
+                launches = elementwise
+            elif strided.issuperset(args[:2]) and scalar_loops(gemm_macs(a, b), table):
+                launches = scalar_gemm
         return launches + scale * work(g, n, shapes, size, c[1]) if launches and scale else launches
     return cost
 
@@ -426,8 +429,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
     t = time.perf_counter()
     # egglog-python translates the rules on first use: done beside the shape propagation
     meanwhile = (lambda: warm(rulesets)) if budget_s > 0 else None
-    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile, gemm_loops=gemm_loops,
-                      training=training)
+    lowered = from_fx(gm, inputs, seed_groups=budget_s > 0, meanwhile=meanwhile, gemm_loops=gemm_loops)
     lowered.training = training
     if hoisted:
         lowered.fixed_leaves = fixed_leaves(lowered, inputs)
