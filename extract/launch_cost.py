@@ -122,10 +122,10 @@ def gemm_macs(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> int | Non
 
 def scalar_loops(macs: int | None, table: str) -> bool:
     """Is a GEMM of `macs` multiply-adds one the pass would write as loops (gemm_loops.MAX_MACS,
-    whatever the batch limit) were its layout to let them vectorize? Where it would not, it
-    stays a call priced `scalar_gemm_price`: its backward GEMMs read other layouts, which the
-    pass writes up to MAX_MACS, so a gray one (past the batch limit) merged with a sibling into
-    one GEMM past MAX_MACS would make two more calls, not save one."""
+    past SEARCH_MACS too) were its layout to let them vectorize? Where it would not, it stays a
+    call priced `scalar_gemm_price`: its backward GEMMs read other layouts, which the pass
+    writes up to MAX_MACS, so one past SEARCH_MACS merged with a sibling into one GEMM past
+    MAX_MACS would make two more calls, not save one."""
     return macs is not None and table in LOOP_LIMITS and macs <= LOOP_LIMITS[LOOPS_WRITTEN]
 
 
