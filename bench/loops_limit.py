@@ -9,9 +9,9 @@ torch thread, interleaved rounds, of plain Inductor, Inductor + Optimus (the ben
 optimus_egg at 1 s with each limit in turn, for every dtype and mode: N in the search's
 pricing (launch_cost.LOOP_LIMITS), in the pass and in the post-grad batchings; N/P the
 pricing at N, the pass and the batchings at P. Values (and gradients) checked against eager,
-in bfloat16 / float16 against float64 as the bench does. A GEMM past the pricing's limit is a call the search
-may batch with others, so a lower limit trades launches for the GEMM library's speed; past the
-pass's it stays a call even where nothing batches it.
+in bfloat16 / float16 against float64 as the bench does. A GEMM past the pricing's limit is a
+call the search may batch with others, so a lower limit trades launches for the GEMM
+library's speed; past the pass's it stays a call even where nothing batches it.
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def one_limit(search_macs: int, pass_macs: int | None = None):
     from optimus_egg.gemm_loops import GEMM_LOOPS
 
     saved = dict(launch_cost.LOOP_LIMITS), GEMM_LOOPS.max_macs
-    launch_cost.LOOP_LIMITS.update({launch_cost.LOOPS: search_macs, launch_cost.LOOPS_WRITTEN: pass_macs or search_macs})
-    GEMM_LOOPS.max_macs = pass_macs or search_macs
+    pass_macs = pass_macs or search_macs
+    launch_cost.LOOP_LIMITS.update({launch_cost.LOOPS: search_macs, launch_cost.LOOPS_WRITTEN: pass_macs})
+    GEMM_LOOPS.max_macs = pass_macs
     try:
         yield
     finally:

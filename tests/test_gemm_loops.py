@@ -94,16 +94,31 @@ class _Experts(nn.Module):
         return self.head(sum(torch.relu(e(x)) for e in self.experts))
 
 
+def _eager(model: nn.Module, x: torch.Tensor, training: bool):
+    """model(x), and in training the parameters' gradients of its sum (left in .grad too)."""
+    with torch.set_grad_enabled(training):
+        expected = model(x)
+    if training:
+        expected.sum().backward()
+    return expected, [p.grad.clone() for p in model.parameters()] if training else []
+
+
+def _assert_eager_s(got: torch.Tensor, model: nn.Module, expected, grads, training: bool, grad_atol: float = 1e-5):
+    """`got` is eager's `expected`, and in training its sum's gradients are eager's `grads`."""
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    if training:
+        model.zero_grad()
+        got.sum().backward()
+        for p, want in zip(model.parameters(), grads):
+            torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=grad_atol)
+
+
 @pytest.mark.parametrize("training", [False, True])
 def test_backend_compile_launches_fewer_with_the_same_values(training):
     torch.manual_seed(0)
     model, x = _Experts().train(training), torch.randn(32, 16)
     gm = fx.symbolic_trace(model)
-    with torch.set_grad_enabled(training):
-        expected = model(x)
-    if training:
-        expected.sum().backward()
-        grads = [p.grad.clone() for p in model.parameters()]
+    expected, grads = _eager(model, x, training)
     without = backend_patches(gemm_loops=False)
     counters["inductor"][gemm_loops.COUNTER] = 0
     plain = compile_inductor(gm, [x], training=training, config_patches=without)
@@ -113,13 +128,8 @@ def test_backend_compile_launches_fewer_with_the_same_values(training):
     assert counters["inductor"][gemm_loops.COUNTER] > 0
     assert loops.launches.extern < plain.launches.extern
     assert loops.launches.total < plain.launches.total
-    model.zero_grad()
-    got = loops.fn(x)
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-    if training:
-        got.sum().backward()
-        for p, want in zip(model.parameters(), grads):
-            torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-5)
+    with torch.set_grad_enabled(training):
+        _assert_eager_s(loops.fn(x), model, expected, grads, training)
 
 
 @pytest.mark.parametrize("training", [False, True])
@@ -373,23 +383,13 @@ def test_post_grad_batching_leaves_the_loops_gemms_alone(rows, training):
     torch.manual_seed(0)
     model, x = _Experts().train(training), torch.randn(rows, 16)
     gm = fx.symbolic_trace(model)
-    with torch.set_grad_enabled(training):
-        expected = model(x)
-    if training:
-        expected.sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()] if training else []
+    expected, grads = _eager(model, x, training)
     batched, launches = {}, {}
     for loops in (False, True):
         counters["inductor"].clear()
         c = compile_inductor(gm, [x], training=training, config_patches=backend_patches(gemm_loops=loops))
-        model.zero_grad()  # (compiling ran a backward)
         with torch.set_grad_enabled(training):
-            got = c.fn(x)
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-        if training:
-            got.sum().backward()
-            for p, want in zip(model.parameters(), grads):
-                torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-4)
+            _assert_eager_s(c.fn(x), model, expected, grads, training, grad_atol=1e-4)
         batched[loops] = counters["inductor"]["batch_linear_post_grad"]  # the fusion's counter
         launches[loops] = c.launches.total
     assert batched[False] > 0 and batched[True] == 0, batched
