@@ -36,10 +36,9 @@ against 0.79-0.92 x, while wukong (0.64 x) and dhen (0.88 x) kept what the loops
 [64, 8, 16] @ [64, 16, 8] interaction bmms (20 and 12 launches; with the pass also at 32,768
 they ran 0.72 x and 0.96 x with 23 and 20); in bfloat16 alike (dcn_v2 0.43 x against 0.59 x,
 mmoe 0.38 x against 0.44 x). Training steps (100 rounds): dcn_v2 0.92 x against 0.95 x, mmoe
-0.79 x against 0.82 x, parallel_mlp 0.91 x against 0.94 x, the other six 0.005-0.010 x slower
-at equal launches. There the post-grad batchings must leave alone
-everything the pass writes: leaving alone only what the search prices as loops, wukong and
-dhen compiled to 40 and 32 launches against 39 and 28.
+0.79 x against 0.82 x; the other seven optimize to the same graph either way. There the
+post-grad batchings must leave alone everything the pass writes: leaving alone only what the
+search prices as loops, wukong and dhen compiled to 40 and 32 launches against 39 and 28.
 
 A GEMM whose loops would not vectorize stays a call forward, but its backward GEMMs read other
 layouts and the pass writes them up to MAX_MACS; the search prices it so up to MAX_MACS
