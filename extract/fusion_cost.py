@@ -37,7 +37,8 @@ from collections.abc import Callable, Collection
 
 import torch.fx as fx
 from optimus_egg.extract.launch_cost import (CPU_TABLES, GEMM_TARGETS, REDUCTION_TARGETS, VIEW_TARGETS,
-                                             elementwise_batched_linear, elementwise_linear, elementwise_matmul)
+                                             elementwise_batched_linear, elementwise_linear, elementwise_matmul,
+                                             gemm_macs, loop_work)
 from optimus_egg.from_fx import draws_random, is_mutation
 from optimus_egg.kernel_order import CALL, CODE, FREE, latest_phases
 
@@ -371,9 +372,10 @@ def _extern_paths(gm: fx.GraphModule, kind: dict[fx.Node, str]) -> Callable[[fx.
     return lambda a, n: bool(down[a] & up[n])
 
 
-def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[fx.Node], Shape | None],
-                      table: str, strided_of: Callable[[fx.Node], bool] | None = None) -> bool:
-    """Is this matmul or linear one the target computes as elementwise code?"""
+def _gemm_operands(n: fx.Node, name: str, modules: dict, shape_of: Callable[[fx.Node], Shape | None],
+                   strided_of: Callable[[fx.Node], bool] | None = None):
+    """A matmul's, batched_linear's or linear's operand shapes: (name, a, b, bias, strided),
+    `strided` where the loops would not vectorize it; None for any other node."""
     def shape(a):
         return shape_of(a) if isinstance(a, fx.Node) else None
 
@@ -381,19 +383,57 @@ def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[
         return strided_of is not None and isinstance(a, fx.Node) and strided_of(a)
 
     if name in ("mm", "bmm", "matmul") and len(n.args) >= 2:
-        return elementwise_matmul(shape(n.args[0]), shape(n.args[1]), table, strided(n.args[0]) and strided(n.args[1]))
+        return name, shape(n.args[0]), shape(n.args[1]), False, strided(n.args[0]) and strided(n.args[1])
     if name == "batched_linear" and len(n.args) >= 2:
         bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("b")
-        return elementwise_batched_linear(shape(n.args[0]), shape(n.args[1]), bias is not None, table)
+        return name, shape(n.args[0]), shape(n.args[1]), bias is not None, False
     if name != "linear" or (n.op != "call_module" and len(n.args) < 2):
-        return False
+        return None
     if n.op == "call_module":
         mod = modules[n.target]
         x, w, bias = shape(n.args[0]), tuple(mod.weight.shape), mod.bias is not None
     else:
         x, w = shape(n.args[0]), shape(n.args[1])
         bias = (n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")) is not None
-    return elementwise_linear(x, w, bias or _bias_by_add(n, x, w, modules, shape), table, strided(n.args[0]))
+    return name, x, w, bias or _bias_by_add(n, x, w, modules, shape), strided(n.args[0])
+
+
+def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[fx.Node], Shape | None],
+                      table: str, strided_of: Callable[[fx.Node], bool] | None = None) -> bool:
+    """Is this matmul or linear one the target computes as elementwise code?"""
+    ops = _gemm_operands(n, name, modules, shape_of, strided_of)
+    if ops is None:
+        return False
+    kind, a, b, bias, strided = ops
+    if kind == "linear":
+        return elementwise_linear(a, b, bias, table, strided)
+    if kind == "batched_linear":
+        return elementwise_batched_linear(a, b, bias, table)
+    return elementwise_matmul(a, b, table, strided)
+
+
+def loops_work(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None], table: str,
+               strided_of: Callable[[fx.Node], bool] | None = None) -> float:
+    """The loop work of `gm`'s GEMMs the target writes as loops, in launch-equivalents
+    (launch_cost.loop_work): what the launch count `fused_launches` does not see. optimize
+    compares input and result by the sum of the two."""
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    total = 0.0
+    for n in _live(gm, modules):
+        if n.op not in ("call_function", "call_method", "call_module"):
+            continue
+        ops = _gemm_operands(n, _target_name(n, modules), modules, shape_of, strided_of)
+        if ops is None:
+            continue
+        kind, a, b, _, strided = ops
+        if kind == "linear":
+            macs = math.prod(a) * b[0] if a and b and len(b) == 2 else None
+        elif kind == "batched_linear":
+            macs = math.prod(a) * b[1] if a and b and len(b) == 3 else None
+        else:
+            macs = gemm_macs(a, b)
+        total += loop_work(macs, table, strided)
+    return total
 
 
 def _bias_by_add(n: fx.Node, x: Shape | None, w: Shape | None, modules: dict,

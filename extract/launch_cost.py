@@ -190,18 +190,24 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
     return a[1] == 1 and a[0] != 1 and b[1] != 1 and a[0] + b[1] <= 32
 
 
+def loop_work(macs: int | None, table: str, scalar: bool = False) -> float:
+    """The launch-equivalents of a GEMM of `macs` multiply-adds the target writes as loops
+    (`loops_gemm`): its work over gemm_loops.MAX_MACS, the size at which one GEMM's loops take as
+    long as a call (the pass's break-even); 0 for any other. Per GEMM the loops always win, but a
+    group of them against one batched call loses once its total passes one call's: illustrative's
+    96 [32, 16] @ [16, 16] linears as loops (1 launch) ran 0.84 x plain Inductor's latency, batched
+    into 6 calls (12 launches) 0.38 x."""
+    return macs / MAX_MACS if macs is not None and loops_gemm(macs, table, scalar) else 0.0
+
+
 def batch_of_loops(x: tuple[int, ...] | None, w: tuple[int, ...] | None, table: str = "cpu") -> bool:
     """Is batched_linear(x [G, *, K], w [G, O, K]) a call (past the loops' limit) whose G members the
-    loops would write as code apart? Its price is then its members' apart plus two launches
-    (pipeline.node_cost): on CPU the members' code fuses into the kernels around them, so the
-    call can only add a launch and cut the code around it in two. Priced at the call alone,
-    the search batched illustrative's groups of 16 [32, 16] @ [16, 16] linears into 6 calls
-    around 6 runs of code (12 launches; the fusion estimate then kept the input, 2); priced so,
-    it batches the layer norms and pointwise ops between the linears and leaves them apart: 1
-    launch (illustrative_1k 5 -> 3). With one launch added instead of two, the stacks a
-    batched layer norm reads from the linears apart tipped illustrative_10k's 256-member groups
-    back into 12 calls where its parameter copies are priced as computed once (25 launches
-    against 20)."""
+    loops would write as code apart? Its price is then its members' code plus one call
+    (pipeline.node_cost), against the members' code and loop work apart (`loop_work`): the
+    batch wins once the group's work passes one call's, G x macs > MAX_MACS. On CPU the
+    members' code fuses into the kernels around them, so priced at the call alone the search
+    batched groups of 16 [4, 16] @ [16, 16] linears (1,024 multiply-adds each) into calls
+    that only add launches."""
     if not x or not w or len(x) < 2 or len(w) != 3:
         return False
     return loops_gemm(math.prod(x[1:]) * w[1], table) and not loops_gemm(math.prod(x) * w[1], table)

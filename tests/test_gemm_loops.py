@@ -438,38 +438,46 @@ class _PerFeatureNorm(nn.Module):
         return torch.cat([f(x[:, 16 * i:16 * (i + 1)]) for i, f in enumerate(self.layers)], 1)
 
 
-def test_a_call_batching_loop_gemms_costs_its_members_apart(monkeypatch):
-    """16 [32, 16] @ [16, 16] linears batched are one call past MAX_MACS, while each apart is
-    code the loops fuse with its neighbours: priced as the call plus its members
-    (launch_cost.batch_of_loops), the search batches the layer norms between them and leaves
-    the linears apart, and the compile launches what the estimate predicts, no more than the
-    input's, with the same values. Priced at the call alone, the search batches the linears
-    too, and the fusion estimate, counting the calls, keeps the input."""
+@pytest.mark.parametrize("rows,batched", [(32, True), (12, False)])
+def test_loop_gemms_batch_into_a_call_once_their_work_passes_one(monkeypatch, rows, batched):
+    """16 parallel [rows, 16] @ [16, 16] linears between layer norms. Apart, each is code the
+    loops fuse with its neighbours, priced elementwise plus its work over MAX_MACS
+    (launch_cost.loop_work); batched, one call past SEARCH_MACS plus its members' code
+    (launch_cost.batch_of_loops). At 32 rows the group's work (131,072 multiply-adds) passes
+    one call's: the linears batch into one extern call, and optimize keeps the result though
+    it launches more than the input, whose loops' work it counts. At 12 rows (49,152) the
+    layer norms batch and the linears stay loops; priced at the call alone, the search batches
+    the linears too and the fusion estimate keeps the input. The compile launches what the
+    estimate predicts, with the input's values."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles
     from optimus_egg.extract import launch_cost as lc
     from optimus_egg.testing import fired
 
-    assert lc.batch_of_loops((16, 32, 16), (16, 16, 16), lc.LOOPS)
-    assert not lc.batch_of_loops((16, 32, 16), (16, 16, 16), "cpu")
+    assert lc.batch_of_loops((16, rows, 16), (16, 16, 16), lc.LOOPS)
+    assert not lc.batch_of_loops((16, rows, 16), (16, 16, 16), "cpu")
     assert not lc.batch_of_loops((4, 8, 16), (4, 16, 16), lc.LOOPS)       # the batch is code too
     assert not lc.batch_of_loops((16, 64, 64), (16, 64, 64), lc.LOOPS)    # each member a call
+    assert lc.loop_work(rows * 256, lc.LOOPS) == rows * 256 / gemm_loops.MAX_MACS
+    assert lc.loop_work(rows * 256, "cpu") == lc.loop_work(rows * 256, lc.LOOPS, scalar=True) == 0
     torch.manual_seed(0)
-    model, x = _PerFeatureNorm(16).eval(), torch.randn(32, 256)
+    model, x = _PerFeatureNorm(16).eval(), torch.randn(rows, 256)
     gm = fx.symbolic_trace(model)
     with torch.no_grad():
         out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, hoisted=True)
         report = out.meta["optimus_egg"]
         assert fired(report, "batch-linear") and fired(report, "batch-layernorm"), report
         targets = {getattr(n.target, "__name__", n.target) for n in out.graph.nodes}
-        assert "batched_layer_norm" in targets and "batched_linear" not in targets, targets
-        assert report.changed and report.launches_after <= report.launches_before, report
+        assert "batched_layer_norm" in targets and ("batched_linear" in targets) is batched, targets
+        assert report.changed and (report.launches_after > report.launches_before) is batched, report
         c = compile_inductor(as_backend_compiles(out), [x])
         assert c.launches.total == report.launches_after, (c.launches, report)
+        assert c.launches.extern == (1 if batched else 0), c.launches
         torch.testing.assert_close(c.fn(x), model(x))
-        monkeypatch.setattr("optimus_egg.pipeline.batch_of_loops", lambda *a: False)
-        alone = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, hoisted=True).meta["optimus_egg"]
-        assert not alone.changed and "fusion estimate" in alone.kept_input, alone
+        if not batched:
+            monkeypatch.setattr("optimus_egg.pipeline.batch_of_loops", lambda *a: False)
+            alone = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, hoisted=True).meta["optimus_egg"]
+            assert not alone.changed and "fusion estimate" in alone.kept_input, alone
 
 
 class _TwoInputs(nn.Module):

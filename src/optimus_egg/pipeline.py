@@ -23,11 +23,11 @@ import torch.fx as fx
 from torch.fx.graph_module import _copy_attr
 
 from optimus_egg import hoist, ops, parts, worker
-from optimus_egg.extract.fusion_cost import MAY_COPY, fused_launches, node_kind
+from optimus_egg.extract.fusion_cost import MAY_COPY, fused_launches, loops_work, node_kind
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, elementwise_batched_linear,
-                                             elementwise_linear, elementwise_matmul, gemm_macs, launch_cost,
+                                             elementwise_linear, elementwise_matmul, gemm_macs, launch_cost, loop_work,
                                              scalar_gemm_price, scalar_loops)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, _returns_input, from_fx, is_mutation
@@ -168,19 +168,20 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
         launches = c[0]
         x, w = (shapes.get(n.children[0]), shapes.get(n.children[1])) if n.op in ("linear", "batched_linear") \
             else (None, None)
+        # GEMMs written as code: elementwise, plus their loops' work (launch_cost.loop_work)
         if n.op == "linear" and elementwise_linear(x, w, n.children[2] in shapes, table, n.children[0] in strided):
-            launches = elementwise
+            launches = elementwise + loop_work(math.prod(x) * w[0], table, n.children[0] in strided)
         elif n.op == "linear" and n.children[0] in strided and x and w and scalar_loops(gemm_macs(x, w[::-1]), table):
             launches = scalar_gemm  # loops that would run scalar: a call (launch_cost.scalar_loops)
         elif n.op == "batched_linear" and elementwise_batched_linear(x, w, not _no_bias(g, n.children[2]), table):
-            launches = elementwise
+            launches = elementwise + loop_work(math.prod(x) * w[1], table)
         elif n.op == "batched_linear" and batch_of_loops(x, w, table):
-            launches = w[0] * elementwise + 2 * launches  # its members apart, a call, the code cut in two
+            launches += w[0] * elementwise  # the call and its members' code apart
         elif c[1] in ("mm", "bmm", "matmul") and n.op == "call":
             args = g.values[n.children[1]]
             a, b = (shapes.get(args[0]), shapes.get(args[1])) if len(args) >= 2 else (None, None)
             if elementwise_matmul(a, b, table, strided.issuperset(args[:2])):
-                launches = elementwise
+                launches = elementwise + loop_work(gemm_macs(a, b), table, strided.issuperset(args[:2]))
             elif strided.issuperset(args[:2]) and scalar_loops(gemm_macs(a, b), table):
                 launches = scalar_gemm
         return launches + scale * work(g, n, shapes, size, c[1]) if launches and scale else launches
@@ -468,12 +469,16 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
     shapes = class_shapes(g1, known_shapes(lowered, g1))
     report.launches_before = before.launches()
     strided = strided_classes(lowered, g1)
-    report.launches_after = fused_launches(out, lambda n: _tensor_shape(shapes.get(classes.get(n))),
-                                           lowered.cost_table, lambda n: classes.get(n) in strided,
+    shape_of = lambda n: _tensor_shape(shapes.get(classes.get(n)))  # noqa: E731
+    strided_of = lambda n: classes.get(n) in strided  # noqa: E731
+    report.launches_after = fused_launches(out, shape_of, lowered.cost_table, strided_of,
                                            computed_once(lowered, out, inputs))
-    if report.launches_after > report.launches_before:
-        report.kept_input = (f"the fusion estimate predicts {report.launches_after} launches for the result, "
-                             f"{report.launches_before} for the input")
+    # launches plus the loops' work (launch_cost.loop_work), which launches do not count
+    work_before, work_after = before.loops_work(), loops_work(out, shape_of, lowered.cost_table, strided_of)
+    if report.launches_after + work_after > report.launches_before + work_before + 1e-9:
+        report.kept_input = (f"the fusion estimate predicts {report.launches_after} launches"
+                             f"{f' and loops worth {work_after:.2f}' if work_after else ''} for the result, "
+                             f"{report.launches_before}{f' and {work_before:.2f}' if work_before else ''} for the input")
         report.launches_after = report.launches_before
         return gm
     lost = _lost_leaves(src, out, inputs, lowered.grad_reach)
@@ -726,6 +731,10 @@ class _Before:
                                                   self.lowered.strided.__contains__,
                                                   computed_once(self.lowered, self.gm, self.inputs))
         return self.launches_before
+
+    def loops_work(self) -> float:
+        """The input graph's loop work in launch-equivalents (fusion_cost.loops_work)."""
+        return loops_work(self.gm, self.lowered.shapes.get, self.lowered.cost_table, self.lowered.strided.__contains__)
 
 
 @dataclass
