@@ -39,6 +39,7 @@ import torch.fx as fx
 from optimus_egg.extract.launch_cost import (CPU_TABLES, GEMM_TARGETS, REDUCTION_TARGETS, VIEW_TARGETS,
                                              elementwise_batched_linear, elementwise_linear, elementwise_matmul,
                                              gemm_macs, loop_work)
+from optimus_egg.gemm_loops import MAX_MACS
 from optimus_egg.from_fx import draws_random, is_mutation
 from optimus_egg.kernel_order import CALL, CODE, FREE, latest_phases
 
@@ -413,10 +414,10 @@ def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[
 
 
 def loops_work(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None], table: str,
-               strided_of: Callable[[fx.Node], bool] | None = None) -> float:
+               strided_of: Callable[[fx.Node], bool] | None = None, break_even: float = MAX_MACS) -> float:
     """The loop work of `gm`'s GEMMs the target writes as loops, in launch-equivalents
-    (launch_cost.loop_work): what the launch count `fused_launches` does not see. optimize
-    compares input and result by the sum of the two."""
+    (launch_cost.loop_work, `break_even` its loop_break_even): what the launch count
+    `fused_launches` does not see. optimize compares input and result by the sum of the two."""
     modules = dict(gm.named_modules(remove_duplicate=False))
     total = 0.0
     for n in _live(gm, modules):
@@ -432,7 +433,7 @@ def loops_work(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None], 
             macs = math.prod(a) * b[1] if a and b and len(b) == 3 else None
         else:
             macs = gemm_macs(a, b)
-        total += loop_work(macs, table, strided)
+        total += loop_work(macs, table, strided, break_even)
     return total
 
 

@@ -19,8 +19,9 @@ available to calibrate a "cuda" table (`python bench/calibrate.py --device cuda`
 probes), so graphs on a GPU are priced with the CPU table and the optimize report says so.
 "cpu_loops" is the CPU target compiled with small GEMMs as loops (src/optimus_egg/gemm_loops.py,
 `optimize(..., gemm_loops=True)`): the same prices, but a GEMM of at most gemm_loops.SEARCH_MACS
-multiply-adds is elementwise code there, like Inductor's own small decompositions below (one
-past it is priced a call, which the search batches where it can); "cpu_loops_written" the same
+multiply-adds is elementwise code there, like Inductor's own small decompositions below, plus
+its loops' work in launch-equivalents (`loop_work`: a group of them can take longer than one
+batched call); one past it is priced a call, which the search batches where it can; "cpu_loops_written" the same
 up to gemm_loops.MAX_MACS, what the pass writes: it prices a finished graph as it compiles
 (`LOOP_LIMITS`).
 """
@@ -44,11 +45,9 @@ for _t in LOOP_LIMITS:
     TABLES[_t] = dict(TABLES["cpu"])
 CPU_TABLES = ("cpu", *LOOP_LIMITS)  # tables of Inductor's C++ backend: the fusion estimate counts its kernels
 # Fewest GEMMs the loops write as code that still make a batch group (from_fx seeding). Fewer
-# stay apart, fused with their neighbours (dcn_v2's groups of 4 and 8). Groups this large are
-# seeded so that the search can weigh batching everything around them: on illustrative_1k
-# (groups of 32 [32, 16] @ [16, 16] linears) the search without them batched the layer norms
-# and elementwise ops between unbatched loop GEMMs, 6 launches at 1.04 x plain Inductor's
-# latency; with them the fusion estimate keeps the input graph, 5 launches at 0.82 x.
+# stay apart, fused with their neighbours (dcn_v2's groups of 4 and 8); a group this large is
+# seeded, and the search batches it into a call where its loops' work passes one call's
+# (`loop_work`, `batch_of_loops`: illustrative's groups of 16 [32, 16] @ [16, 16] linears).
 LOOPS_BATCH_MIN = 16
 # The kind of each constructor with a price; flatten copies when its input is not contiguous.
 KIND = {"linear": "gemm", "batched_linear": "gemm", "layer_norm": "reduction", "batched_layer_norm": "reduction",
@@ -190,24 +189,35 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
     return a[1] == 1 and a[0] != 1 and b[1] != 1 and a[0] + b[1] <= 32
 
 
-def loop_work(macs: int | None, table: str, scalar: bool = False) -> float:
+def loop_break_even(tensors) -> float:
+    """The multiply-adds at which a GEMM call takes as long as loops of the same work, for a graph
+    of these tensors (inputs, parameters): gemm_loops.MAX_MACS, the pass's break-even, but where
+    one is float16, whose GEMM calls this machine's CPU runs without a fast kernel: there the
+    loops always win (illustrative's float16 inference ran 0.41 x plain Inductor with its
+    linears as loops, 0.79 x batched into calls; bfloat16 0.29 x and 0.18 x)."""
+    half = any(str(getattr(x, "dtype", "")) == "torch.float16" for x in tensors)
+    return math.inf if half else float(MAX_MACS)
+
+
+def loop_work(macs: int | None, table: str, scalar: bool = False, break_even: float = MAX_MACS) -> float:
     """The launch-equivalents of a GEMM of `macs` multiply-adds the target writes as loops
-    (`loops_gemm`): its work over gemm_loops.MAX_MACS, the size at which one GEMM's loops take as
-    long as a call (the pass's break-even); 0 for any other. Per GEMM the loops always win, but a
-    group of them against one batched call loses once its total passes one call's: illustrative's
-    96 [32, 16] @ [16, 16] linears as loops (1 launch) ran 0.84 x plain Inductor's latency, batched
-    into 6 calls (12 launches) 0.38 x."""
-    return macs / MAX_MACS if macs is not None and loops_gemm(macs, table, scalar) else 0.0
+    (`loops_gemm`): its work over `break_even` (`loop_break_even`), the size at which one GEMM's
+    loops take as long as a call; 0 for any other. Per GEMM the loops always win, but a group of
+    them against one batched call loses once its total passes one call's: illustrative's 96
+    [32, 16] @ [16, 16] linears as loops (1 launch) ran 0.83 x plain Inductor's latency, batched
+    into 6 calls (12 launches) 0.35 x (`python bench/hoist.py`)."""
+    return macs / break_even if macs is not None and loops_gemm(macs, table, scalar) else 0.0
 
 
 def batch_of_loops(x: tuple[int, ...] | None, w: tuple[int, ...] | None, table: str = "cpu") -> bool:
     """Is batched_linear(x [G, *, K], w [G, O, K]) a call (past the loops' limit) whose G members the
     loops would write as code apart? Its price is then its members' code plus one call
     (pipeline.node_cost), against the members' code and loop work apart (`loop_work`): the
-    batch wins once the group's work passes one call's, G x macs > MAX_MACS. On CPU the
-    members' code fuses into the kernels around them, so priced at the call alone the search
-    batched groups of 16 [4, 16] @ [16, 16] linears (1,024 multiply-adds each) into calls
-    that only add launches."""
+    batch wins once the group's work passes one call's, G x macs > MAX_MACS (never in float16). The members' code
+    fuses into the kernels around them, so priced at the call alone the search batched 16
+    [12, 16] @ [16, 16] linears between layer norms (49,152 multiply-adds in all) and the
+    fusion estimate kept the input; priced so, it batches the layer norms and leaves the
+    linears loops."""
     if not x or not w or len(x) < 2 or len(w) != 3:
         return False
     return loops_gemm(math.prod(x[1:]) * w[1], table) and not loops_gemm(math.prod(x) * w[1], table)

@@ -36,7 +36,8 @@ from egglog import EGraph
 
 from optimus_egg import shapes
 from optimus_egg.extract.launch_cost import (LOOP_LIMITS, LOOPS_BATCH_MIN, VIEW_TARGETS, elementwise_linear, elementwise_matmul,
-                                             graph_table)
+                                             graph_table, loop_break_even)
+from optimus_egg.gemm_loops import MAX_MACS
 from optimus_egg.seed import quote, register_text
 from optimus_egg.shapes import (
     SYMBOLIC_MIN,
@@ -111,6 +112,7 @@ class Lowered:
     out_of_place: int = 0                 # writes into fresh values made out-of-place (functional.py); gm is then a copy
     training: bool = False                # priced for a compile with a backward (optimize's `training`)
     fixed_leaves: frozenset[str] = frozenset()  # parameters whose copies are computed once (optimize's `hoisted`)
+    loop_break_even: float = MAX_MACS     # multiply-adds where a GEMM call matches its loops (launch_cost.loop_break_even)
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -1534,4 +1536,5 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: 
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
-                   groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes, lw.grad_reach, lw.strided)
+                   groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes, lw.grad_reach, lw.strided,
+                   loop_break_even=loop_break_even([*inputs, *gm.parameters(), *gm.buffers()]))

@@ -151,6 +151,7 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
     scale = WORK_EPS / work_unit(lowered) if with_work else 0.0
     elementwise = launch_cost("unary", None, table)
     scalar_gemm = scalar_gemm_price(table, lowered.training)
+    break_even = lowered.loop_break_even
     fixed = fixed_classes(lowered, g)
 
     def cost(n: Node) -> float:
@@ -170,18 +171,18 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
             else (None, None)
         # GEMMs written as code: elementwise, plus their loops' work (launch_cost.loop_work)
         if n.op == "linear" and elementwise_linear(x, w, n.children[2] in shapes, table, n.children[0] in strided):
-            launches = elementwise + loop_work(math.prod(x) * w[0], table, n.children[0] in strided)
+            launches = elementwise + loop_work(math.prod(x) * w[0], table, n.children[0] in strided, break_even)
         elif n.op == "linear" and n.children[0] in strided and x and w and scalar_loops(gemm_macs(x, w[::-1]), table):
             launches = scalar_gemm  # loops that would run scalar: a call (launch_cost.scalar_loops)
         elif n.op == "batched_linear" and elementwise_batched_linear(x, w, not _no_bias(g, n.children[2]), table):
-            launches = elementwise + loop_work(math.prod(x) * w[1], table)
+            launches = elementwise + loop_work(math.prod(x) * w[1], table, break_even=break_even)
         elif n.op == "batched_linear" and batch_of_loops(x, w, table):
             launches += w[0] * elementwise  # the call and its members' code apart
         elif c[1] in ("mm", "bmm", "matmul") and n.op == "call":
             args = g.values[n.children[1]]
             a, b = (shapes.get(args[0]), shapes.get(args[1])) if len(args) >= 2 else (None, None)
             if elementwise_matmul(a, b, table, strided.issuperset(args[:2])):
-                launches = elementwise + loop_work(gemm_macs(a, b), table, strided.issuperset(args[:2]))
+                launches = elementwise + loop_work(gemm_macs(a, b), table, strided.issuperset(args[:2]), break_even)
             elif strided.issuperset(args[:2]) and scalar_loops(gemm_macs(a, b), table):
                 launches = scalar_gemm
         return launches + scale * work(g, n, shapes, size, c[1]) if launches and scale else launches
@@ -474,7 +475,8 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
     report.launches_after = fused_launches(out, shape_of, lowered.cost_table, strided_of,
                                            computed_once(lowered, out, inputs))
     # launches plus the loops' work (launch_cost.loop_work), which launches do not count
-    work_before, work_after = before.loops_work(), loops_work(out, shape_of, lowered.cost_table, strided_of)
+    work_before = before.loops_work()
+    work_after = loops_work(out, shape_of, lowered.cost_table, strided_of, lowered.loop_break_even)
     if report.launches_after + work_after > report.launches_before + work_before + 1e-9:
         report.kept_input = (f"the fusion estimate predicts {report.launches_after} launches"
                              f"{f' and loops worth {work_after:.2f}' if work_after else ''} for the result, "
@@ -734,7 +736,8 @@ class _Before:
 
     def loops_work(self) -> float:
         """The input graph's loop work in launch-equivalents (fusion_cost.loops_work)."""
-        return loops_work(self.gm, self.lowered.shapes.get, self.lowered.cost_table, self.lowered.strided.__contains__)
+        return loops_work(self.gm, self.lowered.shapes.get, self.lowered.cost_table, self.lowered.strided.__contains__,
+                          self.lowered.loop_break_even)
 
 
 @dataclass
