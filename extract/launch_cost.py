@@ -193,8 +193,8 @@ def loop_break_even(tensors) -> float:
     """The multiply-adds at which a GEMM call takes as long as loops of the same work, for a graph
     of these tensors (inputs, parameters): gemm_loops.MAX_MACS, the pass's break-even, but where
     one is float16, whose GEMM calls this machine's CPU runs without a fast kernel: there the
-    loops always win (illustrative's float16 inference ran 0.41 x plain Inductor with its
-    linears as loops, 0.79 x batched into calls; bfloat16 0.29 x and 0.18 x)."""
+    loops always win (illustrative's float16 inference ran 0.50 x plain Inductor with its
+    linears as loops, 0.79 x batched into calls; bfloat16 0.29 x and 0.18 x: the bench's tables)."""
     half = any(str(getattr(x, "dtype", "")) == "torch.float16" for x in tensors)
     return math.inf if half else float(MAX_MACS)
 
@@ -213,8 +213,9 @@ def batch_of_loops(x: tuple[int, ...] | None, w: tuple[int, ...] | None, table: 
     """Is batched_linear(x [G, *, K], w [G, O, K]) a call (past the loops' limit) whose G members the
     loops would write as code apart? Its price is then its members' code plus one call
     (pipeline.node_cost), against the members' code and loop work apart (`loop_work`): the
-    batch wins once the group's work passes one call's, G x macs > MAX_MACS (never in float16). The members' code
-    fuses into the kernels around them, so priced at the call alone the search batched 16
+    batch wins once the group's work passes one call's, G x macs > MAX_MACS (never in
+    float16). The members' code fuses into the kernels around them, so priced at the call
+    alone the search batched 16
     [12, 16] @ [16, 16] linears between layer norms (49,152 multiply-adds in all) and the
     fusion estimate kept the input; priced so, it batches the layer norms and leaves the
     linears loops."""
