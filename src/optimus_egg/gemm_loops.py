@@ -50,7 +50,7 @@ within SEARCH_MACS as elementwise code plus its loops' work, its multiply-adds o
 (extract/launch_cost.py, table "cpu_loops", `loop_work`), so it leaves such GEMMs unbatched
 instead of batching them into one past the limit that stays a call, unless a group's work
 passes one call's (illustrative's sixteen [32, 16] @ [16, 16] linears: batched, 0.35 x plain
-Inductor with 12 launches; as loops, 0.83 x with 1); and the backend's post-grad GEMM
+Inductor with 12 launches; as loops, 0.87 x with 1); and the backend's post-grad GEMM
 batchings leave alone what the pass writes (baselines.egg_post_grad). A GEMM between the two limits that stays alone is priced a launch it
 does not make: the search's figures count it, the bench's prediction of a finished graph
 (table "cpu_loops_written") does not. `backend(gemm_loops=False)` compiles without the pass.
