@@ -38,7 +38,7 @@ from collections.abc import Callable, Collection
 import torch.fx as fx
 from optimus_egg.extract.launch_cost import (CPU_TABLES, GEMM_TARGETS, REDUCTION_TARGETS, VIEW_TARGETS,
                                              elementwise_batched_linear, elementwise_linear, elementwise_matmul,
-                                             gemm_macs, loop_work)
+                                             gemm_macs, linear_macs, loop_work)
 from optimus_egg.gemm_loops import MAX_MACS
 from optimus_egg.from_fx import draws_random, is_mutation
 from optimus_egg.kernel_order import CALL, CODE, FREE, latest_phases
@@ -427,12 +427,7 @@ def loops_work(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None], 
         if ops is None:
             continue
         kind, a, b, _, strided = ops
-        if kind == "linear":
-            macs = math.prod(a) * b[0] if a and b and len(b) == 2 else None
-        elif kind == "batched_linear":
-            macs = math.prod(a) * b[1] if a and b and len(b) == 3 else None
-        else:
-            macs = gemm_macs(a, b)
+        macs = linear_macs(a, b) if kind in ("linear", "batched_linear") else gemm_macs(a, b)
         total += loop_work(macs, table, strided, break_even)
     return total
 

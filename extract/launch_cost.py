@@ -44,11 +44,6 @@ LOOP_LIMITS = {LOOPS: SEARCH_MACS, LOOPS_WRITTEN: MAX_MACS}
 for _t in LOOP_LIMITS:
     TABLES[_t] = dict(TABLES["cpu"])
 CPU_TABLES = ("cpu", *LOOP_LIMITS)  # tables of Inductor's C++ backend: the fusion estimate counts its kernels
-# Fewest GEMMs the loops write as code that still make a batch group (from_fx seeding). Fewer
-# stay apart, fused with their neighbours (dcn_v2's groups of 4 and 8); a group this large is
-# seeded, and the search batches it into a call where its loops' work passes one call's
-# (`loop_work`, `batch_of_loops`: illustrative's groups of 16 [32, 16] @ [16, 16] linears).
-LOOPS_BATCH_MIN = 16
 # The kind of each constructor with a price; flatten copies when its input is not contiguous.
 KIND = {"linear": "gemm", "batched_linear": "gemm", "layer_norm": "reduction", "batched_layer_norm": "reduction",
         "cat": "copy", "stack": "copy", "flatten": "copy", "unary": "elementwise", "binary": "elementwise"}
@@ -119,6 +114,12 @@ def gemm_macs(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> int | Non
     return None
 
 
+def linear_macs(x: tuple[int, ...] | None, w: tuple[int, ...] | None) -> int | None:
+    """Multiply-adds of linear(x [.., K], w [O, K]) or batched_linear(x [G, .., K], w [G, O, K]);
+    None where a shape is unknown."""
+    return math.prod(x) * w[-2] if x and w and len(w) in (2, 3) else None
+
+
 def scalar_loops(macs: int | None, table: str) -> bool:
     """Is a GEMM of `macs` multiply-adds one the pass would write as loops (gemm_loops.MAX_MACS,
     past SEARCH_MACS too) were its layout to let them vectorize? Where it would not, it stays a
@@ -159,7 +160,7 @@ def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bia
     rows never are)."""
     if not x or not w or len(w) != 2:
         return False
-    if loops_gemm(math.prod(x) * w[0], table, scalar=strided):
+    if loops_gemm(linear_macs(x, w), table, scalar=strided):
         return True
     if table not in CPU_TABLES or not bias:
         return False
@@ -221,7 +222,7 @@ def batch_of_loops(x: tuple[int, ...] | None, w: tuple[int, ...] | None, table: 
     linears loops."""
     if not x or not w or len(x) < 2 or len(w) != 3:
         return False
-    return loops_gemm(math.prod(x[1:]) * w[1], table) and not loops_gemm(math.prod(x) * w[1], table)
+    return loops_gemm(linear_macs(x[1:], w), table) and not loops_gemm(linear_macs(x, w), table)
 
 
 def elementwise_batched_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bias: bool,
@@ -231,7 +232,7 @@ def elementwise_batched_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | N
     ops.batched_linear); with one, a baddbmm, which Inductor calls unless the loops write it."""
     if not x or not w or len(x) < 2 or len(w) != 3:
         return False
-    if loops_gemm(math.prod(x) * w[1], table):
+    if loops_gemm(linear_macs(x, w), table):
         return True
     if bias:
         return False

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from egglog import EGraph
 
 from optimus_egg import shapes
-from optimus_egg.extract.launch_cost import (LOOP_LIMITS, LOOPS_BATCH_MIN, VIEW_TARGETS, elementwise_linear, elementwise_matmul,
+from optimus_egg.extract.launch_cost import (LOOP_LIMITS, VIEW_TARGETS, elementwise_linear, elementwise_matmul,
                                              graph_table, loop_break_even)
 from optimus_egg.gemm_loops import MAX_MACS
 from optimus_egg.seed import quote, register_text
@@ -1068,10 +1068,8 @@ class _Lowerer:
         depth = _depths(self.gm.graph, self.free, self.same_as())
         reach = self.grad_reach = _grad_reach(self.gm.graph, self.values)
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
-        self.loops = set()  # GEMMs the loops write as code (launch_cost.LOOP_LIMITS), Inductor's own decompositions not
         for n, k in self.kind.items():
-            if k[0] == "linear" and self.code_gemm(n, elementwise_linear, k[1][0], k[1][1], k[2][2] is not None,
-                                                   strided=k[2][0] in self.strided):
+            if k[0] == "linear" and self.code_gemm(elementwise_linear, k[1][0], k[1][1], k[2][2] is not None):
                 continue  # fused with its neighbours; a batch of them would be a baddbmm, which launches
             if k[0] in ("linear", "layer_norm", "pointwise", "binary") and n in self.expr and n in self.shapes:
                 buckets[(k[0], k[1], depth[n], n in reach, n.meta.get(PART))].append(n)
@@ -1080,7 +1078,7 @@ class _Lowerer:
         counts: dict[str, int] = defaultdict(int)
         for (family, *_), members in buckets.items():
             members = self.distinct(members)
-            if len(members) < 2 or self.too_few_loops(members):
+            if len(members) < 2:
                 continue
             counts[family] += 1
             # Each group's Vecs are written once into group_vec; slots refer to them (writing
@@ -1117,20 +1115,11 @@ class _Lowerer:
         counts.pop("_groups", None)
         return dict(counts)
 
-    def code_gemm(self, n: fx.Node, elementwise: Callable[..., bool], *shapes, strided: bool = False) -> bool:
-        """Is GEMM `n` elementwise code by Inductor's own decompositions (True: it joins no
-        group)? One the GEMM loops alone write as code goes into `self.loops` (False).
-        `strided`: its operands' layout keeps the loops from vectorizing (launch_cost.py)."""
-        if elementwise(*shapes, "cpu" if self.cost_table in LOOP_LIMITS else self.cost_table):
-            return True
-        if elementwise(*shapes, self.cost_table, strided=strided):
-            self.loops.add(n)
-        return False
-
-    def too_few_loops(self, members: list[fx.Node]) -> bool:
-        """Members the loops write as code, fewer than LOOPS_BATCH_MIN of them: they join no
-        group (launch_cost.LOOPS_BATCH_MIN)."""
-        return members[0] in self.loops and len(members) < LOOPS_BATCH_MIN
+    def code_gemm(self, elementwise: Callable[..., bool], *shapes) -> bool:
+        """Is a GEMM of these shapes elementwise code by Inductor's own decompositions (True: it
+        joins no group)? One the GEMM loops write as code does join: the price (loop work,
+        launch_cost.batch_of_loops) decides whether its group batches."""
+        return elementwise(*shapes, "cpu" if self.cost_table in LOOP_LIMITS else self.cost_table)
 
     def independent_linears(self, buckets: dict[tuple, list[fx.Node]], ancestors: _Ancestors) -> None:
         """Linears of one signature at different depths with no path between two of them
@@ -1163,15 +1152,13 @@ class _Lowerer:
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, dt, nobias, out) in self.lhs_kind.items():
             xs = self.shapes.get(x)
-            if xs and self.code_gemm(n, elementwise_linear, xs, (out, xs[-1]), not nobias, strided=x in self.strided):
+            if xs and self.code_gemm(elementwise_linear, xs, (out, xs[-1]), not nobias):
                 continue  # no GEMM to share: a wide one would launch where the members fuse
             if n in self.expr and n in self.shapes:  # equal inputs: one key
                 buckets[(self.expr.get(x, x), dt, nobias, depth[n], n in reach, n.meta.get(PART))].append(n)
         twins = _Twins(self.kind, ancestors)
         for found in map(self.distinct, buckets.values()):
             if len(found) < 2 or (len(found) < LHS_MIN_MEMBERS and any(twins.has_twin(m, found) for m in found)):
-                continue
-            if self.too_few_loops(found):
                 continue
             for members in (found, *filter(None, [self.cat_order(found)])):
                 self.seed_lhs_group(members, counts)
@@ -1229,12 +1216,12 @@ class _Lowerer:
                 continue  # a 1-D operand is a vector product: no last dim to concatenate on
             if ys[-1] >= SYMBOLIC_MIN or out[-1] != ys[-1]:
                 continue
-            if self.code_gemm(n, elementwise_matmul, xs, ys, strided=self.strided.issuperset((x, y))):
+            if self.code_gemm(elementwise_matmul, xs, ys):
                 continue  # no GEMM to share: a wide one would launch where the members fuse
             buckets[(self.expr.get(x, x), tid, self.dtype(y), ys[:-1], n in reach, n.meta.get(PART))].append(n)
         for candidates in map(self.distinct, buckets.values()):
             for found in ancestors.independent_sets(candidates) if len(candidates) > 1 else ():
-                if len(found) > 1 and not self.too_few_loops(found):
+                if len(found) > 1:
                     for members in (found, *filter(None, [self.cat_order(found)])):
                         self.seed_matmul_lhs_group(members, counts)
 
@@ -1270,14 +1257,14 @@ class _Lowerer:
                 continue
             if len(xs) < 2 or len(xs) != len(ys) or self.templates[tid].target not in _BROADCAST_MATMUL:
                 continue
-            if self.code_gemm(n, elementwise_matmul, xs, ys, strided=self.strided.issuperset((x, y))):
+            if self.code_gemm(elementwise_matmul, xs, ys):
                 continue
             z = _untransposed(y, self.shapes)
             key = (tid, xs, ys, self.dtype(x), self.dtype(y), z is not None and z in self.expr, n in reach, n.meta.get(PART))
             buckets[key].append(n)
         for (tid, _, _, _, _, transposed, *_), candidates in buckets.items():
             for members in ancestors.independent_sets(self.distinct(candidates)) if len(candidates) > 1 else ():
-                if len(members) < 2 or self.too_few_loops(members):
+                if len(members) < 2:
                     continue
                 counts["matmul"] += 1
                 g = counts["_groups"] = counts.get("_groups", 0) + 1

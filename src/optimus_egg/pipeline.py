@@ -27,7 +27,7 @@ from optimus_egg.extract.fusion_cost import MAY_COPY, fused_launches, loops_work
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, elementwise_batched_linear,
-                                             elementwise_linear, elementwise_matmul, gemm_macs, launch_cost, loop_work,
+                                             elementwise_linear, elementwise_matmul, gemm_macs, launch_cost, linear_macs, loop_work,
                                              scalar_gemm_price, scalar_loops)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, _returns_input, from_fx, is_mutation
@@ -171,11 +171,11 @@ def node_cost(lowered: Lowered, g: Graph, with_work: bool = True):
             else (None, None)
         # GEMMs written as code: elementwise, plus their loops' work (launch_cost.loop_work)
         if n.op == "linear" and elementwise_linear(x, w, n.children[2] in shapes, table, n.children[0] in strided):
-            launches = elementwise + loop_work(math.prod(x) * w[0], table, n.children[0] in strided, break_even)
+            launches = elementwise + loop_work(linear_macs(x, w), table, n.children[0] in strided, break_even)
         elif n.op == "linear" and n.children[0] in strided and x and w and scalar_loops(gemm_macs(x, w[::-1]), table):
             launches = scalar_gemm  # loops that would run scalar: a call (launch_cost.scalar_loops)
         elif n.op == "batched_linear" and elementwise_batched_linear(x, w, not _no_bias(g, n.children[2]), table):
-            launches = elementwise + loop_work(math.prod(x) * w[1], table, break_even=break_even)
+            launches = elementwise + loop_work(linear_macs(x, w), table, break_even=break_even)
         elif n.op == "batched_linear" and batch_of_loops(x, w, table):
             launches += w[0] * elementwise  # the call and its members' code apart
         elif c[1] in ("mm", "bmm", "matmul") and n.op == "call":
