@@ -1013,6 +1013,15 @@ def trainable(prog):
     ("attend", 0, "at", "chain", [0, 1])),
     "split": "chunk", "out": "sum", "tap": None, "block": (7, 1, "checkpoint"), "special": False,
     "dtype": torch.float32, "seed": 4396}, dynamic=True)
+# (--hypothesis-seed=257: a stack of layer-normed rows, split; the no_grad block reads every
+# piece but one raw input row, which the output adds after it: eagerly that row is a view of the
+# stack, so the output needs a gradient and the norms' parameters get zeros; the pieces rewritten
+# to the input's row, it needed none; the graph of parts now keeps its input)
+@example(prog={"n": 5, "d": 8, "b": 3, "steps": (("layer_norm", "affine", [2, 3]), ("squeeze_split", 1, 1, 3),
+                                                  ("linear", "shared_fn", False, [0, 1, 3]),
+                                                  ("layer_norm", "functional", [1, 2, 3])),
+               "split": "view_unbind", "out": "sum", "tap": None, "block": (2, 3, "no_grad"), "special": False,
+               "dtype": torch.float32, "seed": 264}, dynamic=False)
 def test_random_program_trains_through_the_backend(prog, dynamic):
     """torch.compile(model, backend=optimus_egg.backend(...)) in training, on Dynamo's graph:
     blocks (a no_grad block is a change of state here) and checkpointed steps cut it into parts;

@@ -1040,6 +1040,60 @@ def test_a_parameter_keeps_its_zero_gradient_through_dynamo(fresh_dynamo, backen
         torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=name: f"{n}: {m}")
 
 
+class _RawRowPastNoGrad(nn.Module):
+    """Rows 1 and 2 layer-normed, all three stacked and split; a no_grad block reads rows 1
+    and 2, and the output adds row 0 after it: eagerly row 0 is a view of the stack, so the
+    output needs a gradient and the norms get zeros (a program of test_fuzz, seed 257)."""
+
+    def __init__(self, d=4):
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(2))
+        self.d = d
+
+    def forward(self, x):
+        xs = torch.unbind(x, 1)
+        whole = torch.stack([xs[0], self.norms[0](xs[1]), self.norms[1](xs[2])], 1)
+        rows = [torch.squeeze(p, 1) for p in whole.split(1, 1)]
+        with torch.no_grad():
+            y = torch.relu(rows[1]) + torch.tanh(rows[2])
+        return y + rows[0]
+
+
+def test_a_row_of_a_stack_read_past_a_no_grad_block_keeps_its_gradient(fresh_dynamo):
+    """The pieces rewritten to the input's row, the output of the graph of parts would need no
+    gradient: the reach of the result is walked from the outputs whose counterparts a gradient
+    reaches (pipeline._lost_leaves), not from the parts' outputs that only feed the no_grad
+    block, so the loss is seen and the input kept (a graph of parts cannot take keep_grads).
+    Through the backend, values and gradients equal eager's."""
+    import copy
+
+    torch.manual_seed(0)
+    model, x = _RawRowPastNoGrad(), torch.randn(3, 3, 4)
+    ref = copy.deepcopy(model)
+    reports = []
+
+    def eager(gm, example_inputs):
+        out = optimus_egg.optimize(gm, list(example_inputs), 1.0, strict=True)
+        reports.append(out.meta["optimus_egg"])
+        return out
+
+    for backend in (eager, optimus_egg.backend(strict=True)):
+        torch._dynamo.reset()
+        m = copy.deepcopy(model)
+        got, want = torch.compile(m, backend=backend)(x), ref(x)
+        torch.testing.assert_close(got, want)
+        assert got.requires_grad and want.requires_grad
+        got.sum().backward()
+        ref.zero_grad(set_to_none=True)
+        want.sum().backward()
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            assert p.grad is not None and q.grad is not None, name
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda msg, n=name: f"{n}: {msg}")
+    r = reports[0]
+    assert r.parts > 1 and r.matches.get("pieces-leaf", 0) + r.matches.get("split-piece-narrow", 0) > 0, r
+    assert not r.changed and r.kept_input == "a parameter's gradient would be None where the input's is zeros", r
+
+
 # ---- big inputs -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -503,9 +503,15 @@ def _lost_leaves(gm: fx.GraphModule, out: fx.GraphModule, inputs,
     at least) and none of out's does. A parameter that only fed values nothing reads (a stack
     unbound, one row used) gets zeros eagerly; with those values gone it would get None, which
     an optimizer with weight decay or momentum treats differently. out's reach is walked from
-    its outputs (a superset): its nodes copied from gm keep the reach a graph of parts carries
-    in meta, new ones have none."""
-    (ins, names), (ins_out, names_out) = _reached_leaves(gm, inputs, reach), _reached_leaves(out, inputs)
+    its outputs whose counterparts `reach` holds (a superset): its nodes copied from gm keep the
+    reach a graph of parts carries in meta, new ones have none. (Walked from every output, a
+    graph of parts would count what reaches a part's outputs that only feed a no_grad block.)"""
+    ins, names = _reached_leaves(gm, inputs, reach)
+    theirs, ours, reach_out = _flat_outputs(gm), _flat_outputs(out), None
+    if reach is not None and len(theirs) == len(ours):
+        starts = [y for o, y in zip(theirs, ours) if isinstance(y, fx.Node) and (o in reach or not isinstance(o, fx.Node))]
+        reach_out = _grad_reach(out.graph, _grad_values(out), starts=starts)
+    ins_out, names_out = _reached_leaves(out, inputs, reach_out)
     lost_ins = {i for i in ins - ins_out if inputs[i].requires_grad}
     if names <= names_out:
         return lost_ins, set()
