@@ -1010,15 +1010,15 @@ def test_a_parameter_read_for_its_shape_gets_no_zero_gradient():
         assert model.w.grad is None and model.s.grad is not None
 
 
-@pytest.mark.parametrize("backend", ["eager", "optimus_egg"])
-def test_a_parameter_keeps_its_zero_gradient_through_dynamo(fresh_dynamo, backend):
-    """The same through torch.compile, where Dynamo passes the parameters as graph inputs:
-    the optimized graph run as it is, and compiled by Inductor (the optimus_egg backend)."""
+def _step_as_eager(model: nn.Module, x: torch.Tensor, backend: str) -> list:
+    """One training step of a copy of `model` through torch.compile, where Dynamo passes the
+    parameters as graph inputs: with backend "eager" the optimized graph run as it is, with
+    "optimus_egg" the backend. Values and every parameter's gradient (None where eager's is)
+    equal eager's; returns the optimize reports ("eager" only)."""
     import copy
 
-    torch.manual_seed(0)
-    model, x = _RowOfAStack(affine=True), torch.randn(2, 12)
-    ref = copy.deepcopy(model)
+    torch._dynamo.reset()
+    m, ref = copy.deepcopy(model), copy.deepcopy(model)
     reports = []
 
     def eager(gm, example_inputs):
@@ -1026,18 +1026,28 @@ def test_a_parameter_keeps_its_zero_gradient_through_dynamo(fresh_dynamo, backen
         reports.append(out.meta["optimus_egg"])
         return out
 
-    compiled = torch.compile(model, backend=eager if backend == "eager" else optimus_egg.backend(strict=True))
+    compiled = torch.compile(m, backend=eager if backend == "eager" else optimus_egg.backend(strict=True))
     got, want = compiled(x), ref(x)
     torch.testing.assert_close(got, want)
+    assert got.requires_grad == want.requires_grad
     got.sum().backward()
     want.sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        torch.testing.assert_close(p.grad, q.grad, msg=lambda msg, n=name: f"{n}: {msg}")
+    return reports
+
+
+@pytest.mark.parametrize("backend", ["eager", "optimus_egg"])
+def test_a_parameter_keeps_its_zero_gradient_through_dynamo(fresh_dynamo, backend):
+    """The same through torch.compile: the optimized graph run as it is, and compiled by
+    Inductor (the optimus_egg backend)."""
+    torch.manual_seed(0)
+    reports = _step_as_eager(_RowOfAStack(affine=True), torch.randn(2, 12), backend)
     if backend == "eager":
         assert reports and reports[0].matches.get("unbind-of-stack", 0) > 0
         assert reports[0].changed and reports[0].kept_input is None
         assert len(reports[0].zero_grads) == 4 and all(z.startswith("input ") for z in reports[0].zero_grads)
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert (p.grad is None) == (q.grad is None), name
-        torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=name: f"{n}: {m}")
 
 
 class _RawRowPastNoGrad(nn.Module):
@@ -1059,39 +1069,19 @@ class _RawRowPastNoGrad(nn.Module):
         return y + rows[0]
 
 
-def test_a_row_of_a_stack_read_past_a_no_grad_block_keeps_its_gradient(fresh_dynamo):
+@pytest.mark.parametrize("backend", ["eager", "optimus_egg"])
+def test_a_row_of_a_stack_read_past_a_no_grad_block_keeps_its_gradient(fresh_dynamo, backend):
     """The pieces rewritten to the input's row, the output of the graph of parts would need no
     gradient: the reach of the result is walked from the outputs whose counterparts a gradient
     reaches (pipeline._lost_leaves), not from the parts' outputs that only feed the no_grad
     block, so the loss is seen and the input kept (a graph of parts cannot take keep_grads).
-    Through the backend, values and gradients equal eager's."""
-    import copy
-
+    Values and gradients (zeros for the norms) equal eager's."""
     torch.manual_seed(0)
-    model, x = _RawRowPastNoGrad(), torch.randn(3, 3, 4)
-    ref = copy.deepcopy(model)
-    reports = []
-
-    def eager(gm, example_inputs):
-        out = optimus_egg.optimize(gm, list(example_inputs), 1.0, strict=True)
-        reports.append(out.meta["optimus_egg"])
-        return out
-
-    for backend in (eager, optimus_egg.backend(strict=True)):
-        torch._dynamo.reset()
-        m = copy.deepcopy(model)
-        got, want = torch.compile(m, backend=backend)(x), ref(x)
-        torch.testing.assert_close(got, want)
-        assert got.requires_grad and want.requires_grad
-        got.sum().backward()
-        ref.zero_grad(set_to_none=True)
-        want.sum().backward()
-        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-            assert p.grad is not None and q.grad is not None, name
-            torch.testing.assert_close(p.grad, q.grad, msg=lambda msg, n=name: f"{n}: {msg}")
-    r = reports[0]
-    assert r.parts > 1 and r.matches.get("pieces-leaf", 0) + r.matches.get("split-piece-narrow", 0) > 0, r
-    assert not r.changed and r.kept_input == "a parameter's gradient would be None where the input's is zeros", r
+    reports = _step_as_eager(_RawRowPastNoGrad(), torch.randn(3, 3, 4), backend)
+    if backend == "eager":
+        r = reports[0]
+        assert r.parts > 1 and r.matches.get("pieces-leaf", 0) + r.matches.get("split-piece-narrow", 0) > 0, r
+        assert not r.changed and r.kept_input == "a parameter's gradient would be None where the input's is zeros", r
 
 
 # ---- big inputs -----------------------------------------------------------------------------------
