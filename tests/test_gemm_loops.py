@@ -430,7 +430,7 @@ def test_loop_gemm_groups_batch_as_loops_or_as_one_call(n):
         out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, training=False)
         report = out.meta["optimus_egg"]
         assert "linear" in report.groups and fired(report, "batch-linear"), report
-        assert "batched_linear" in {getattr(n.target, "__name__", n.target) for n in out.graph.nodes}
+        assert "batched_linear" in {getattr(node.target, "__name__", node.target) for node in out.graph.nodes}
         c = compile_inductor(as_backend_compiles(out), [x])
         assert c.launches.extern == (1 if n == 16 else 0), c.launches
         torch.testing.assert_close(c.fn(x), gm(x))
