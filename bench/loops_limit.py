@@ -1,5 +1,5 @@
-"""The GEMM loops' limits (src/optimus_egg/gemm_loops.py MAX_MACS, SEARCH_MACS): what each
-limit gives as the backend compiles.
+"""The GEMM loops' limit (src/optimus_egg/gemm_loops.py MAX_MACS): what each limit gives as the
+backend compiles.
 
     python bench/loops_limit.py [--models dcn_v2,wukong] [--limits 65536,32768,32768/65536]
                                 [--rounds 60] [--dtype float32] [--train]
@@ -10,7 +10,7 @@ optimus_egg at 1 s with each limit in turn, for every dtype and mode: N in the s
 pricing (launch_cost.LOOP_LIMITS), in the pass and in the post-grad batchings; N/P the
 pricing at N, the pass and the batchings at P. Values (and gradients) checked against eager,
 in bfloat16 / float16 against float64 as the bench does. A GEMM past the pricing's limit is a
-call the search may batch with others, so a lower limit trades launches for the GEMM
+call the search may batch with others, so a lower pricing limit trades launches for the GEMM
 library's speed; past the pass's it stays a call even where nothing batches it.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ def one_limit(search_macs: int, pass_macs: int | None = None):
 
     saved = dict(launch_cost.LOOP_LIMITS), GEMM_LOOPS.max_macs
     pass_macs = pass_macs or search_macs
-    launch_cost.LOOP_LIMITS.update({launch_cost.LOOPS: search_macs, launch_cost.LOOPS_WRITTEN: pass_macs})
+    launch_cost.LOOP_LIMITS[launch_cost.LOOPS] = search_macs
     GEMM_LOOPS.max_macs = pass_macs
     try:
         yield

@@ -22,8 +22,8 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   one-row linear with K, N <= 16, a dot product, a small outer product, a batched
   matrix-vector product: launch_cost.py) computes like an elementwise op.
 
-On CPU (`launch_cost.CPU_TABLES`: "cpu", and "cpu_loops" / "cpu_loops_written" for a compile
-with small GEMMs as loops) the kernels are then counted as Inductor's C++ backend writes them with the backend's
+On CPU (`launch_cost.CPU_TABLES`: "cpu", and "cpu_loops" for a compile with small GEMMs as
+loops) the kernels are then counted as Inductor's C++ backend writes them with the backend's
 kernel order (src/optimus_egg/kernel_order.py): everything scheduled between two calls goes
 into one kernel, fused or not, and the order gives the fewest such runs of code, so the
 kernels are the fewest runs of code between calls over the graph's computed nodes

@@ -18,18 +18,16 @@ The prices are data, one table per target (`TABLES`). Only "cpu" is measured; no
 available to calibrate a "cuda" table (`python bench/calibrate.py --device cuda` prints the
 probes), so graphs on a GPU are priced with the CPU table and the optimize report says so.
 "cpu_loops" is the CPU target compiled with small GEMMs as loops (src/optimus_egg/gemm_loops.py,
-`optimize(..., gemm_loops=True)`): the same prices, but a GEMM of at most gemm_loops.SEARCH_MACS
-multiply-adds is elementwise code there, like Inductor's own small decompositions below, plus
-its loops' work in launch-equivalents (`loop_work`: a group of them can take longer than one
-batched call); one past it is priced a call, which the search batches where it can; "cpu_loops_written" the same
-up to gemm_loops.MAX_MACS, what the pass writes: it prices a finished graph as it compiles
-(`LOOP_LIMITS`).
+`optimize(..., gemm_loops=True)`): the same prices, but a GEMM of at most gemm_loops.MAX_MACS
+multiply-adds, which the pass writes as loops, is elementwise code there, like Inductor's own
+small decompositions below, plus its loops' work in launch-equivalents (`loop_work`: a group of
+them can take longer than one batched call); one past it is priced a call (`LOOP_LIMITS`).
 """
 from __future__ import annotations
 
 import math
 
-from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, MAX_MACS, SEARCH_MACS
+from optimus_egg.gemm_loops import DTYPES as LOOP_DTYPES, MAX_MACS
 
 FREE = {"input", "none", "item", "split", "unbind", "outputs", "movedim", "unflatten", "narrow", "squeeze",
         "reshape"}  # as a template reshape (VIEW_TARGETS); it copies only where strides allow no view
@@ -38,9 +36,8 @@ TABLES: dict[str, dict[str, float]] = {
     "cpu": {"gemm": 1.0, "reduction": 1.0, "elementwise": 0.5, "copy": 0.25},
 }
 LOOPS = "cpu_loops"  # the CPU target with small GEMMs as loops: CPU prices, loops_gemm below
-LOOPS_WRITTEN = "cpu_loops_written"  # the same, GEMMs as the pass writes them (a finished graph)
-# The loops' limit per table: what the search prices as loops, what the pass writes.
-LOOP_LIMITS = {LOOPS: SEARCH_MACS, LOOPS_WRITTEN: MAX_MACS}
+# The loops' limit per table: the most multiply-adds of a GEMM priced as loops (the pass's).
+LOOP_LIMITS = {LOOPS: MAX_MACS}
 for _t in LOOP_LIMITS:
     TABLES[_t] = dict(TABLES["cpu"])
 CPU_TABLES = ("cpu", *LOOP_LIMITS)  # tables of Inductor's C++ backend: the fusion estimate counts its kernels
@@ -60,29 +57,28 @@ REDUCTION_TARGETS = {"sum", "mean", "softmax", "log_softmax", "amax", "max", "mi
                      "batched_layer_norm"}
 
 
-def table_for(device_type: str, gemm_loops: bool = False, written: bool = False) -> str:
+def table_for(device_type: str, gemm_loops: bool = False) -> str:
     """The name of the table that prices graphs on `device_type` ("cpu", "cuda", ...), compiled
-    with small GEMMs as loops if `gemm_loops` (a CPU-only pass: other devices ignore it), as
-    the search prices them or, `written`, as the pass writes them (LOOP_LIMITS)."""
+    with small GEMMs as loops if `gemm_loops` (a CPU-only pass: other devices ignore it)."""
     if device_type == "cpu" and gemm_loops:
-        return LOOPS_WRITTEN if written else LOOPS
+        return LOOPS
     return device_type if device_type in TABLES and device_type not in LOOP_LIMITS else "cpu"
 
 
-def table_of(inputs, gemm_loops: bool = False, written: bool = False) -> str:
+def table_of(inputs, gemm_loops: bool = False) -> str:
     """The table for a graph run on `inputs` (with its parameters, where given): their device's,
     "cpu" where they are on several; with `gemm_loops`, on CPU where every floating tensor has
-    a dtype the loops rewrite (gemm_loops.DTYPES), LOOPS, or LOOPS_WRITTEN where `written`."""
+    a dtype the loops rewrite (gemm_loops.DTYPES), LOOPS."""
     tensors = [x for x in inputs if hasattr(x, "device") and hasattr(x, "dtype")]
     devices = {x.device.type for x in tensors}
     floats = {x.dtype for x in tensors if x.dtype.is_floating_point}
     loops = gemm_loops and floats <= set(LOOP_DTYPES)
-    return table_for(devices.pop() if len(devices) == 1 else "cpu", loops, written)
+    return table_for(devices.pop() if len(devices) == 1 else "cpu", loops)
 
 
-def graph_table(gm, inputs, gemm_loops: bool = False, written: bool = False) -> str:
+def graph_table(gm, inputs, gemm_loops: bool = False) -> str:
     """`table_of` a GraphModule run on `inputs`: its inputs, parameters and buffers."""
-    return table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops, written)
+    return table_of([*inputs, *gm.parameters(), *gm.buffers()], gemm_loops)
 
 
 def loops_gemm(macs: float, table: str, scalar: bool = False) -> bool:
@@ -121,12 +117,11 @@ def linear_macs(x: tuple[int, ...] | None, w: tuple[int, ...] | None) -> int | N
 
 
 def scalar_loops(macs: int | None, table: str) -> bool:
-    """Is a GEMM of `macs` multiply-adds one the pass would write as loops (gemm_loops.MAX_MACS,
-    past SEARCH_MACS too) were its layout to let them vectorize? Where it would not, it stays a
-    call priced `scalar_gemm_price`: its backward GEMMs read other layouts, which the pass
-    writes up to MAX_MACS, so one past SEARCH_MACS merged with a sibling into one GEMM past
-    MAX_MACS would make two more calls, not save one."""
-    return macs is not None and table in LOOP_LIMITS and macs <= LOOP_LIMITS[LOOPS_WRITTEN]
+    """Is a GEMM of `macs` multiply-adds one the pass would write as loops were its layout to let
+    them vectorize? Where it would not, it stays a call priced `scalar_gemm_price`: its backward
+    GEMMs read other layouts, which the pass writes, so merged with a sibling into one GEMM past
+    the limit it would make two more calls, not save one."""
+    return macs is not None and table in LOOP_LIMITS and macs <= LOOP_LIMITS[table]
 
 
 def launch_cost(op: str, target_name: str | None = None, table: str = "cpu") -> float:

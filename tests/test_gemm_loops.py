@@ -189,9 +189,8 @@ def test_backend_takes_gemm_loops_as_an_option():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_lone_gemm_between_the_limits_is_loops_in_every_mode(dtype):
-    """A [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds, past SEARCH_MACS) through the
-    backend, alone: loops in inference (its forward GEMM) and trained (its forward
+def test_a_lone_gemm_at_the_limit_is_loops_in_every_mode(dtype):
+    """A [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds) through the backend, alone: loops in inference (its forward GEMM) and trained (its forward
     GEMM and its weight gradient's); values and gradients eager's (bfloat16: as close to float64
     as plain Inductor's)."""
     torch.manual_seed(0)
@@ -215,11 +214,10 @@ def test_a_lone_gemm_between_the_limits_is_loops_in_every_mode(dtype):
     assert fired == {False: 1, True: 2}, fired
 
 
-def test_the_prediction_of_a_finished_graph_prices_gemms_as_the_pass_writes_them():
-    """A lone [256, 16] @ [16, 16] linear (between SEARCH_MACS and MAX_MACS): the search's
-    figures price it a call (the whole-graph estimate on its table counts a launch), the bench's prediction
-    of the finished graph (launch_cost.LOOPS_WRITTEN) prices it as the loops the pass writes,
-    and matches Inductor's count; values the input graph's."""
+def test_the_search_prices_gemms_as_the_pass_writes_them():
+    """A lone [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds, the pass's limit): the search's
+    whole-graph estimate and the bench's prediction of the finished graph both price it as the
+    loops the pass writes, and match Inductor's count; values the input graph's."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles
     from optimus_egg.bench import fx_layouts, predicted_launches
@@ -235,14 +233,15 @@ def test_the_prediction_of_a_finished_graph_prices_gemms_as_the_pass_writes_them
     assert compiled.launches.extern == 0, compiled.launches
     assert predicted_launches(out, [x], gemm_loops=True) == compiled.launches.total, compiled.launches
     shape_of, strided_of = fx_layouts(out, [x])
-    assert fused_launches(out, shape_of, launch_cost.LOOPS, strided_of) == compiled.launches.total + 1  # the search's
+    assert fused_launches(out, shape_of, out.meta["optimus_egg"].cost_table, strided_of) == compiled.launches.total
 
 
 @pytest.mark.parametrize("train", [False, True])
-def test_gemms_between_the_limits_batch_in_every_mode(train):
-    """Four [256, 16] @ [16, 16] linears on one input (each MAX_MACS multiply-adds): priced as
-    calls past SEARCH_MACS, so the search batches them into one, which the backend compiles as
-    one extern GEMM (past MAX_MACS: no loops), and in training its two gradients' GEMMs too.
+def test_gemms_at_the_limit_batch_in_every_mode(train):
+    """Four [256, 16] @ [16, 16] linears on one input (each MAX_MACS multiply-adds): as loops
+    each does a call's work (launch_cost.loop_work), so the search batches them into one, which
+    the backend compiles as one extern GEMM (past MAX_MACS: no loops), and in training its two
+    gradients' GEMMs too.
     Values (and gradients) the input graph's."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles
@@ -274,32 +273,28 @@ def test_gemms_between_the_limits_batch_in_every_mode(train):
 
 
 def test_loops_table_prices_gemms_up_to_the_limit_as_code():
-    """launch_cost.LOOPS (the search's prices): a GEMM of at most SEARCH_MACS multiply-adds is
-    elementwise code there; LOOPS_WRITTEN (a finished graph, as the pass writes it) the same up
-    to MAX_MACS; on the CPU table it launches (unless Inductor's own decompositions apply). A
-    GEMM whose loops would run scalar is a call on either, priced so up to MAX_MACS
-    (scalar_loops)."""
+    """launch_cost.LOOPS (the search's prices): a GEMM of at most MAX_MACS multiply-adds, which the
+    pass writes as loops, is elementwise code there; on the CPU table it launches (unless
+    Inductor's own decompositions apply). A GEMM whose loops would run scalar is a call, priced
+    so up to MAX_MACS (scalar_loops)."""
     from optimus_egg.extract import launch_cost as lc
 
     assert lc.table_for("cpu", gemm_loops=True) == lc.LOOPS
-    assert lc.table_for("cpu", gemm_loops=True, written=True) == lc.LOOPS_WRITTEN
     assert lc.table_for("cuda", gemm_loops=True) == "cpu"  # CPU-only pass; no GPU table
     f32, bf16, fp16 = torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.float16)
     f64, i64 = torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.int64)
     assert lc.table_of([f32], gemm_loops=True) == lc.LOOPS
-    assert lc.table_of([f32], gemm_loops=True, written=True) == lc.LOOPS_WRITTEN
     assert lc.table_of([f32]) == lc.table_of([bf16]) == "cpu"
     assert lc.table_of([bf16, fp16, i64], gemm_loops=True) == lc.LOOPS
     assert lc.table_of([f32, bf16], gemm_loops=True) == lc.LOOPS
-    assert lc.table_of([i64], gemm_loops=True, written=True) == lc.LOOPS_WRITTEN
+    assert lc.table_of([i64], gemm_loops=True) == lc.LOOPS
     assert lc.table_of([torch.zeros(1, dtype=torch.float8_e4m3fn)], gemm_loops=True) == "cpu"  # not rewritten
     assert lc.table_of([f64, i64], gemm_loops=True) == lc.LOOPS
     wide = fx.symbolic_trace(_Wide(4))  # a graph's parameters count: float8 weights keep the CPU table
     assert lc.graph_table(wide, [torch.zeros(2, 4)], gemm_loops=True) == lc.LOOPS
-    assert lc.graph_table(wide.to(torch.bfloat16), [bf16.expand(2, 4)], gemm_loops=True, written=True) == lc.LOOPS_WRITTEN
+    assert lc.graph_table(wide.to(torch.bfloat16), [bf16.expand(2, 4)], gemm_loops=True) == lc.LOOPS
     assert lc.graph_table(fx.symbolic_trace(_Wide(4).to(torch.float8_e4m3fn)), [torch.zeros(2, 4)], gemm_loops=True) == "cpu"
-    assert lc.LOOP_LIMITS == {lc.LOOPS: gemm_loops.SEARCH_MACS, lc.LOOPS_WRITTEN: gemm_loops.MAX_MACS}
-    assert gemm_loops.SEARCH_MACS < gemm_loops.MAX_MACS
+    assert lc.LOOP_LIMITS == {lc.LOOPS: gemm_loops.MAX_MACS}
     for table, limit in lc.LOOP_LIMITS.items():
         at_limit = (limit // (16 * 16), 16)  # x [M, 16] @ w.T [16, 16]: the limit exactly
         over = (at_limit[0] + 1, 16)
@@ -324,14 +319,14 @@ def test_loops_table_prices_gemms_up_to_the_limit_as_code():
 
 def test_the_pass_writes_every_dtype_up_to_max_macs():
     """gemm_loops.small_gemm: a GEMM of MAX_MACS multiply-adds is loops in every dtype, one more
-    row past it is not; at SEARCH_MACS neither is."""
+    row past it is not; below a lower limit neither is."""
     rows = gemm_loops.MAX_MACS // (16 * 16)  # x [rows, 16] @ w [16, 16]: MAX_MACS exactly
     for dtype in gemm_loops.DTYPES:
         for m, loops in ((rows, True), (rows + 1, False)):
             gm = make_fx(lambda x, w: x @ w)(torch.zeros(m, 16, dtype=dtype), torch.zeros(16, 16, dtype=dtype))
             mm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default)
             assert gemm_loops.small_gemm(mm) is loops, (dtype, m)
-            assert gemm_loops.small_gemm(mm, gemm_loops.SEARCH_MACS) is False
+            assert gemm_loops.small_gemm(mm, gemm_loops.MAX_MACS // 2) is False
 
 
 class _Wide(nn.Module):
@@ -448,27 +443,28 @@ class _PerFeatureNorm(nn.Module):
         return torch.cat([f(x[:, 16 * i:16 * (i + 1)]) for i, f in enumerate(self.layers)], 1)
 
 
-@pytest.mark.parametrize("rows,dtype,batched", [(32, torch.float32, True), (12, torch.float32, False),
-                                                (32, torch.float16, False)])
-def test_loop_gemms_batch_into_a_call_once_their_work_passes_one(monkeypatch, rows, dtype, batched):
+@pytest.mark.parametrize("rows,dtype,linears", [(32, torch.float32, "call"), (12, torch.float32, "loops"),
+                                                (32, torch.float16, "apart")])
+def test_loop_gemms_batch_into_a_call_once_their_work_passes_one(monkeypatch, rows, dtype, linears):
     """16 parallel [rows, 16] @ [16, 16] linears between layer norms. Apart, each is code the
     loops fuse with its neighbours, priced elementwise plus its work over MAX_MACS
-    (launch_cost.loop_work); batched, one call past SEARCH_MACS plus its members' code
-    (launch_cost.batch_of_loops). At 32 rows the group's work (131,072 multiply-adds) passes
-    one call's: the linears batch into one extern call, and optimize keeps the result though
-    it launches more than the input, whose loops' work it counts. At 12 rows (49,152) the
-    layer norms batch and the linears stay loops; priced at the call alone, the search batches
-    the linears too and the fusion estimate keeps the input. In float16 the loops always win
-    (launch_cost.loop_break_even): 32 rows stay loops. The compile launches what the estimate
-    predicts, with the input's values."""
+    (launch_cost.loop_work); batched, one call past MAX_MACS plus its members' code
+    (launch_cost.batch_of_loops), or within it loops again. At 32 rows the group's work
+    (131,072 multiply-adds) passes one call's: the linears batch into one extern call, and
+    optimize keeps the result though it launches more than the input, whose loops' work it
+    counts. At 12 rows (49,152) the linears batch into one GEMM the loops write, no call. In
+    float16 the loops always win (launch_cost.loop_break_even): 32 rows stay loops apart, and
+    priced at the call alone the search batches them too and the fusion estimate keeps the
+    input. The layer norms batch every time; the compile launches what the estimate predicts,
+    with the input's values."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles
     from optimus_egg.extract import launch_cost as lc
     from optimus_egg.testing import fired
 
-    assert lc.batch_of_loops((16, rows, 16), (16, 16, 16), lc.LOOPS)
-    assert not lc.batch_of_loops((16, rows, 16), (16, 16, 16), "cpu")
-    assert not lc.batch_of_loops((4, 8, 16), (4, 16, 16), lc.LOOPS)       # the batch is code too
+    assert lc.batch_of_loops((16, 32, 16), (16, 16, 16), lc.LOOPS)
+    assert not lc.batch_of_loops((16, 32, 16), (16, 16, 16), "cpu")
+    assert not lc.batch_of_loops((16, 12, 16), (16, 16, 16), lc.LOOPS)     # the batch is code too
     assert not lc.batch_of_loops((16, 64, 64), (16, 64, 64), lc.LOOPS)    # each member a call
     assert lc.loop_work(rows * 256, lc.LOOPS) == rows * 256 / gemm_loops.MAX_MACS
     assert lc.loop_work(rows * 256, "cpu") == lc.loop_work(rows * 256, lc.LOOPS, scalar=True) == 0
@@ -481,13 +477,13 @@ def test_loop_gemms_batch_into_a_call_once_their_work_passes_one(monkeypatch, ro
         report = out.meta["optimus_egg"]
         assert fired(report, "batch-linear") and fired(report, "batch-layernorm"), report
         targets = {getattr(n.target, "__name__", n.target) for n in out.graph.nodes}
-        assert "batched_layer_norm" in targets and ("batched_linear" in targets) is batched, targets
-        assert report.changed and (report.launches_after > report.launches_before) is batched, report
+        assert "batched_layer_norm" in targets and ("batched_linear" in targets) is (linears != "apart"), targets
+        assert report.changed and (report.launches_after > report.launches_before) is (linears == "call"), report
         c = compile_inductor(as_backend_compiles(out), [x])
         assert c.launches.total == report.launches_after, (c.launches, report)
-        assert c.launches.extern == (1 if batched else 0), c.launches
+        assert c.launches.extern == (1 if linears == "call" else 0), c.launches
         torch.testing.assert_close(c.fn(x), model(x), **({} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}))
-        if not batched and dtype == torch.float32:
+        if linears == "apart":
             monkeypatch.setattr("optimus_egg.pipeline.batch_of_loops", lambda *a: False)
             alone = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, hoisted=True).meta["optimus_egg"]
             assert not alone.changed and "fusion estimate" in alone.kept_input, alone
@@ -609,10 +605,9 @@ class _Mixes(nn.Module):
 def test_search_batches_small_gemms_the_loops_would_run_scalar(transposed):
     """Priced for the loops, linears over a transposed input stay calls (shapes.rows_strided),
     so the search merges them into one (batch-linear-lhs), one call fewer than the input
-    compiles to; on a contiguous input of the same sizes they are loops and stay apart (merged,
-    49,152 multiply-adds past SEARCH_MACS, they would be a call). The
-    whole-graph estimate of the result matches Inductor's count both ways, and values equal
-    the input graph's."""
+    compiles to; on a contiguous input of the same sizes they are loops, and merged too (49,152
+    multiply-adds, within MAX_MACS) still loops: no call either way. The whole-graph estimate
+    of the result matches Inductor's count both ways, and values equal the input graph's."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles
     from optimus_egg.bench import predicted_launches
@@ -623,9 +618,9 @@ def test_search_batches_small_gemms_the_loops_would_run_scalar(transposed):
     x = torch.randn(32, 8, 16) if transposed else torch.randn(32, 16, 8)  # linears of 32,768 and 16,384 multiply-adds
     out = optimize(gm, [x], budget_s=5.0, strict=True, gemm_loops=True, training=False)
     report = out.meta["optimus_egg"]
-    assert fired(report, "batch-linear-lhs") or not transposed, report
+    assert fired(report, "batch-linear-lhs"), report
     linears = sum(n.target is torch._C._nn.linear or n.op == "call_module" for n in out.graph.nodes)
-    assert linears == (1 if transposed else 2), out.code
+    assert linears == 1, out.code
     with torch.no_grad():
         torch.testing.assert_close(out(x), gm(x))
         # (the weights' concatenation per call, as the estimate prices it: hoist.py would compute it once)

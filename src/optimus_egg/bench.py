@@ -287,14 +287,13 @@ def predicted_launches(gm: fx.GraphModule, inputs: Sequence[Any], gemm_loops: bo
                        hoisted: bool = False) -> float:
     """Launches the cost model predicts for ``gm`` as written: the whole-graph estimate with
     Inductor's fusion (extract/fusion_cost.py), given the shapes of one run on ``inputs``
-    (compiled with small GEMMs as loops where ``gemm_loops``, as the pass writes them:
-    launch_cost.LOOPS_WRITTEN; with its parameter copies computed once where ``hoisted``:
-    hoist.py). NaN if the graph cannot be read."""
+    (compiled with small GEMMs as loops where ``gemm_loops``: launch_cost.LOOPS; with its
+    parameter copies computed once where ``hoisted``: hoist.py). NaN if the graph cannot be read."""
     from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.hoist import plan
 
     try:
-        table = graph_table(gm, inputs, gemm_loops, written=True)
+        table = graph_table(gm, inputs, gemm_loops)
         shape_of, strided_of = fx_layouts(gm, inputs)
         once = plan(gm, inputs) if hoisted else None
         return float(fused_launches(gm, shape_of, table, strided_of, once.nodes if once else ()))

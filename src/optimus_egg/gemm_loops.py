@@ -22,38 +22,34 @@ with stride 16), as loops, left its forward 1.07 x slower than plain Inductor's;
 the search merging them into one extern GEMM, 0.83 x (`python bench/gemm_loops.py`). Where the
 layout cannot be replayed (a symbolic size, an op that fails on it) the GEMM stays a call.
 
-The limits are measured (`python bench/loops_limit.py`: the pricing, the pass and the post-grad
+The limit is measured (`python bench/loops_limit.py`: the pricing, the pass and the post-grad
 batchings at each limit, 1 torch thread, interleaved rounds, latency against plain Inductor).
 The pass writes every vectorizing GEMM of at most MAX_MACS = 65,536 multiply-adds, in every
 mode and dtype, and the post-grad batchings leave those alone: against the same graph with
 every GEMM a call no model ran slower up to it, while at 131,072 illustrative's chained
-[64, 64] x [64, 64] layers ran 1.15 x slower. The search prices as loops only GEMMs of at most
-SEARCH_MACS = 32,768: one past it is priced a call, so the search batches it with its
-siblings where it finds them, and the pass writes it as loops where it stays alone. Inference,
-float32, 60 rounds: dcn_v2's twelve low-rank experts ([64, 64] @ [64, 16] and [64, 16] @ [16, 64])
-batched into calls ran 0.72 x plain Inductor against 0.89-1.14 x as 24 loops, mmoe 0.73 x
-against 0.79-0.92 x, while wukong (0.64 x) and dhen (0.88 x) kept what the loops give their lone
-[64, 8, 16] @ [64, 16, 8] interaction bmms (20 and 12 launches; with the pass also at 32,768
-they ran 0.72 x and 0.96 x with 23 and 20); in bfloat16 alike (dcn_v2 0.43 x against 0.59 x,
-mmoe 0.38 x against 0.44 x). Training steps (100 rounds): dcn_v2 0.92 x against 0.95 x, mmoe
-0.79 x against 0.82 x; the other seven optimize to the same graph either way. There the
-post-grad batchings must leave alone everything the pass writes: leaving alone only what the
-search prices as loops, wukong and dhen compiled to 40 and 32 launches against 39 and 28.
+[64, 64] x [64, 64] layers ran 1.15 x slower. The post-grad batchings must leave alone
+everything the pass writes: leaving alone only GEMMs within 32,768, wukong and dhen compiled
+to 40 and 32 training launches against 39 and 28.
+
+The search knows it: `optimize(..., gemm_loops=True)` (what the backend calls) prices a GEMM
+within MAX_MACS as elementwise code plus its loops' work, its multiply-adds over MAX_MACS
+(extract/launch_cost.py, table "cpu_loops", `loop_work`), so it leaves such GEMMs unbatched
+instead of batching them into one past the limit that stays a call, unless a group's work
+passes one call's (illustrative's sixteen [32, 16] @ [16, 16] linears: batched, 0.35 x plain
+Inductor with 12 launches; as loops, 0.87 x with 1; dcn_v2's twelve low-rank experts:
+batched into calls, 16 launches); and the backend's post-grad GEMM batchings leave alone what
+the pass writes (baselines.egg_post_grad). One limit serves both: pricing as loops only GEMMs
+within 32,768 (a call past it, which the search batches with its siblings) gave the same graph
+on every model and mode but mmoe and, in float16 (whose loop work is free:
+launch_cost.loop_break_even), dcn_v2, each slower (float32 inference mmoe 0.70 x plain
+Inductor against 0.59 x, bfloat16 0.41 x against 0.35 x; float16 dcn_v2 0.86 x against 0.41 x,
+its training step 0.98 x against 0.39 x: bench/HISTORY.md).
 
 A GEMM whose loops would not vectorize stays a call forward, but its backward GEMMs read other
 layouts and the pass writes them up to MAX_MACS; the search prices it so up to MAX_MACS
 (launch_cost.scalar_loops), or it would merge wukong's [1024, 8] @ [8, 4] and [1024, 8] @ [8, 8]
 transposed-embedding linears into one past MAX_MACS, two calls more in the backward.
-
-The search knows it: `optimize(..., gemm_loops=True)` (what the backend calls) prices a GEMM
-within SEARCH_MACS as elementwise code plus its loops' work, its multiply-adds over MAX_MACS
-(extract/launch_cost.py, table "cpu_loops", `loop_work`), so it leaves such GEMMs unbatched
-instead of batching them into one past the limit that stays a call, unless a group's work
-passes one call's (illustrative's sixteen [32, 16] @ [16, 16] linears: batched, 0.35 x plain
-Inductor with 12 launches; as loops, 0.87 x with 1); and the backend's post-grad GEMM
-batchings leave alone what the pass writes (baselines.egg_post_grad). A GEMM between the two limits that stays alone is priced a launch it
-does not make: the search's figures count it, the bench's prediction of a finished graph
-(table "cpu_loops_written") does not. `backend(gemm_loops=False)` compiles without the pass.
+`backend(gemm_loops=False)` compiles without the pass.
 """
 from __future__ import annotations
 
@@ -64,11 +60,9 @@ from torch import fx
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-# The most multiply-adds of a GEMM written as loops, in every mode and dtype (module doc: measured).
+# The most multiply-adds of a GEMM written as loops, and priced so, in every mode and dtype
+# (module doc: measured).
 MAX_MACS = 65536
-# The most the search prices as loops: past it a GEMM is priced a call and batched where the
-# search finds siblings; the pass still writes those left alone up to MAX_MACS.
-SEARCH_MACS = 32768
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 COUNTER = "gemm_as_loops"
 REPEATS_COUNTER = "repeated_reductions_copied"
