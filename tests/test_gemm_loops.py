@@ -190,9 +190,9 @@ def test_backend_takes_gemm_loops_as_an_option():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_lone_gemm_at_the_limit_is_loops_in_every_mode(dtype):
-    """A [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds) through the backend, alone: loops in inference (its forward GEMM) and trained (its forward
-    GEMM and its weight gradient's); values and gradients eager's (bfloat16: as close to float64
-    as plain Inductor's)."""
+    """A [256, 16] @ [16, 16] linear (MAX_MACS multiply-adds) through the backend, alone: loops
+    in inference (its forward GEMM) and trained (its forward GEMM and its weight gradient's);
+    values and gradients eager's (bfloat16: as close to float64 as plain Inductor's)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).to(dtype)
     x = torch.randn(256, 16, dtype=dtype)
@@ -233,7 +233,9 @@ def test_the_search_prices_gemms_as_the_pass_writes_them():
     assert compiled.launches.extern == 0, compiled.launches
     assert predicted_launches(out, [x], gemm_loops=True) == compiled.launches.total, compiled.launches
     shape_of, strided_of = fx_layouts(out, [x])
-    assert fused_launches(out, shape_of, out.meta["optimus_egg"].cost_table, strided_of) == compiled.launches.total
+    report = out.meta["optimus_egg"]
+    assert report.cost_table == launch_cost.LOOPS
+    assert fused_launches(out, shape_of, launch_cost.LOOPS, strided_of) == compiled.launches.total
 
 
 @pytest.mark.parametrize("train", [False, True])
@@ -241,8 +243,7 @@ def test_gemms_at_the_limit_batch_in_every_mode(train):
     """Four [256, 16] @ [16, 16] linears on one input (each MAX_MACS multiply-adds): as loops
     each does a call's work (launch_cost.loop_work), so the search batches them into one, which
     the backend compiles as one extern GEMM (past MAX_MACS: no loops), and in training its two
-    gradients' GEMMs too.
-    Values (and gradients) the input graph's."""
+    gradients' GEMMs too. Values (and gradients) the input graph's."""
     from optimus_egg import optimize
     from optimus_egg.baselines import as_backend_compiles
     from optimus_egg.extract import launch_cost
