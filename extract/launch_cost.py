@@ -121,7 +121,7 @@ def scalar_loops(macs: int | None, table: str) -> bool:
     them vectorize? Where it would not, it stays a call priced `scalar_gemm_price`: its backward
     GEMMs read other layouts, which the pass writes, so merged with a sibling into one GEMM past
     the limit it would make two more calls, not save one."""
-    return macs is not None and table in LOOP_LIMITS and macs <= LOOP_LIMITS[table]
+    return macs is not None and loops_gemm(macs, table)
 
 
 def launch_cost(op: str, target_name: str | None = None, table: str = "cpu") -> float:
