@@ -12,7 +12,8 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   CPU all code between two calls is one kernel anyway: below);
 - a cat or stack of computed tensors is free: each producer writes into its slice (a view
   of one, or an input, is copied: the cat is then a kernel of its own); on CPU so is a 2-D
-  GEMM's result (linear, mm), not a bmm's (`_gemm_into_slice`);
+  GEMM's result (linear, mm), not a bmm's (`_gemm_into_slice`), nor one the graph returns
+  or another cat took first (`_returned`);
 - a reshape, flatten or contiguous that the strides of a permuted operand allow no view of
   is a copy, computed like an elementwise op (`_layout_copy`); on CPU an index_select or
   gather is code too, not a call;
@@ -181,8 +182,9 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
     in the fewest such runs. So the kernels are the fewest runs of code between calls that an
     order of the graph's computed nodes allows. A cat or stack is no code of its own: each
     operand gets into its slice apart, written there by its producer (a computed value, a 2-D
-    GEMM's result: `_gemm_into_slice`) or copied by code that waits on that operand alone (a
-    view, an input, another call's result). A random op waits on the seed draw, a call. A run
+    GEMM's result: `_gemm_into_slice`, unless it is returned or already written into another
+    cat: `_returned`) or copied by code that waits on that operand alone (a view, an input,
+    another call's result). A random op waits on the seed draw, a call. A run
     whose kernel would take more than MAX_KERNEL_ARGS buffers is cut (`_split_by_args`)."""
     kinds, deps = [CALL], [set()]  # item 0: the seed draw
     index: dict[fx.Node, int] = {}
@@ -197,6 +199,7 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
         deps.append(d)
         return len(kinds) - 1
 
+    fixed = _returned(gm, kind)  # GEMM results with a layout of their own: a cat copies them
     for n in gm.graph.nodes:  # inputs first
         k = kind.get(n)
         if k == "view":
@@ -206,7 +209,10 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
         if k == "compute" and _target_name(n, modules) in COPIES:
             d = set()
             for a in n.all_input_nodes:
-                if kind.get(a) == "compute" or kind.get(a) == "extern" and _gemm_into_slice(a, modules, shape_of):
+                into = kind.get(a) == "extern" and a not in fixed and _gemm_into_slice(a, modules, shape_of)
+                if into:
+                    fixed.add(a)  # written into this slice: the next cat of it copies it
+                if kind.get(a) == "compute" or into:
                     d |= feeds(a)
                 else:
                     d.add(item(CODE, set(feeds(a))))  # a copy into the slice
@@ -264,6 +270,22 @@ def _split_by_args(nodes: list[fx.Node], kind: dict, modules: dict) -> int:
         if len(args) > MAX_KERNEL_ARGS:
             kernels, args, current = kernels + 1, set(), set()
     return kernels
+
+
+def _returned(gm: fx.GraphModule, kind: dict) -> set[fx.Node]:
+    """The graph's outputs and what they view: Inductor fixes an output's layout as it lowers
+    it (eager's strides), before any cat reading it, so a cat copies such a GEMM's result
+    rather than have the GEMM write into its slice (observed, torch 2.13: a linear returned
+    beside a stack of it, or returned through a view)."""
+    out: set[fx.Node] = set()
+    todo = [a for n in gm.graph.nodes if n.op == "output" for a in n.all_input_nodes]
+    while todo:
+        a = todo.pop()
+        if a not in out:
+            out.add(a)
+            if kind.get(a) == "view":
+                todo.extend(a.all_input_nodes)
+    return out
 
 
 def _gemm_into_slice(a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None) -> bool:
