@@ -49,7 +49,8 @@ EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "i
 COPIES = {"cat", "concat", "stack"}
 INDEXING = {"index_select", "gather"}  # loads through an index: code of Inductor's own on CPU
 MAX_FUSION = 64  # Inductor's config.max_fusion_size: nodes per fused kernel
-_FREE_TARGETS = VIEW_TARGETS | {"getattr", "size", "dim", "sym_size"}
+# (slice, _unsafe_view and alias: ATen's views, in a post-grad graph)
+_FREE_TARGETS = VIEW_TARGETS | {"getattr", "size", "dim", "sym_size", "slice", "_unsafe_view", "alias"}
 
 
 def _target_name(n: fx.Node, modules: dict) -> str:
@@ -71,7 +72,7 @@ SCANS = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
 Shape = tuple[int, ...]
 
 
-def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None] | None = None,
+def fused_launches(gm: fx.GraphModule | fx.Graph, shape_of: Callable[[fx.Node], Shape | None] | None = None,
                    table: str = "cpu", strided_of: Callable[[fx.Node], bool] | None = None,
                    leaves: Collection[fx.Node] = ()) -> int:
     """Predicted Inductor kernel launches of `gm` (extern calls + fused kernels). With
@@ -79,13 +80,15 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
     launch_cost.py) computes as elementwise code fuse like elementwise ops; `strided_of` (is a
     node's value read with non-contiguous rows: shapes.rows_strided; default never) tells the
     GEMMs whose loops would not vectorize, which stay calls. `leaves`: nodes computed outside
-    the compiled graph (hoist.py's parameter copies), inputs to it."""
+    the compiled graph (hoist.py's parameter copies), inputs to it. A bare fx.Graph (an ATen
+    graph: a post-grad pass's) has no modules."""
     kind: dict[fx.Node, str] = {}   # leaf | view | extern | compute
     leafy: dict[fx.Node, bool] = {}  # computed from graph inputs / parameters only
-    modules = dict(gm.named_modules(remove_duplicate=False))
+    graph = gm if isinstance(gm, fx.Graph) else gm.graph
+    modules = {} if isinstance(gm, fx.Graph) else dict(gm.named_modules(remove_duplicate=False))
     random = False  # a random op: Inductor draws the graph's seeds in one fallback call
-    live = _live(gm, modules)
-    for n in gm.graph.nodes:
+    live = _live(graph, modules)
+    for n in graph.nodes:
         if n not in live:
             continue  # dead code: Inductor removes it
         if n.op in ("placeholder", "get_attr") or n in leaves:
@@ -128,14 +131,14 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
 
     externs = sum(1 for k in kind.values() if k == "extern")
     if cpu:
-        return externs + _cpu_kernels(gm, modules, live, kind, shape_of) + random
-    compute = [n for n in gm.graph.nodes if kind.get(n) == "compute"]
+        return externs + _cpu_kernels(graph, modules, live, kind, shape_of) + random
+    compute = [n for n in graph.nodes if kind.get(n) == "compute"]
     free_cat = set()
     for n in compute:
         if _target_name(n, modules) in COPIES and not leafy[n] and all(
                 kind.get(a) in ("compute", "extern") for a in n.all_input_nodes):
             free_cat.add(n)  # producers write straight into the output buffer
-    through_extern = _extern_paths(gm, kind)
+    through_extern = _extern_paths(graph, kind)
     readers: dict[fx.Node, list[fx.Node]] = {}  # a view, input or extern result -> compute nodes reading it
     for n in compute:
         if n in free_cat:
@@ -165,16 +168,16 @@ def fused_launches(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | Non
     return externs + kernels + math.ceil(lonely_copies / MAX_FUSION) + random
 
 
-def _live(gm: fx.GraphModule, modules: dict) -> set[fx.Node]:
+def _live(graph: fx.Graph, modules: dict) -> set[fx.Node]:
     """Nodes whose values or writes reach the output (the rest is dead code)."""
     live: set[fx.Node] = set()
-    for n in reversed(gm.graph.nodes):
+    for n in reversed(graph.nodes):
         if n.op in ("output", "placeholder") or is_mutation(n, modules) or any(u in live for u in n.users):
             live.add(n)
     return live
 
 
-def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: dict,
+def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
                  shape_of: Callable[[fx.Node], Shape | None] | None) -> int:
     """C++ kernels as the optimus_egg backend compiles a graph: Inductor's C++ backend writes
     everything it schedules between two calls (an extern kernel, an ATen fallback) into one
@@ -199,8 +202,8 @@ def _cpu_kernels(gm: fx.GraphModule, modules: dict, live: set[fx.Node], kind: di
         deps.append(d)
         return len(kinds) - 1
 
-    fixed = _returned(gm, kind)  # GEMM results with a layout of their own: a cat copies them
-    for n in gm.graph.nodes:  # inputs first
+    fixed = _returned(graph, kind)  # GEMM results with a layout of their own: a cat copies them
+    for n in graph.nodes:  # inputs first
         k = kind.get(n)
         if k == "view":
             under[n] = set().union(*map(feeds, n.all_input_nodes))
@@ -272,13 +275,13 @@ def _split_by_args(nodes: list[fx.Node], kind: dict, modules: dict) -> int:
     return kernels
 
 
-def _returned(gm: fx.GraphModule, kind: dict) -> set[fx.Node]:
+def _returned(graph: fx.Graph, kind: dict) -> set[fx.Node]:
     """The graph's outputs and what they view: Inductor fixes an output's layout as it lowers
     it (eager's strides), before any cat reading it, so a cat copies such a GEMM's result
     rather than have the GEMM write into its slice (observed, torch 2.13: a linear returned
     beside a stack of it, or returned through a view)."""
     out: set[fx.Node] = set()
-    todo = [a for n in gm.graph.nodes if n.op == "output" for a in n.all_input_nodes]
+    todo = [a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes]
     while todo:
         a = todo.pop()
         if a not in out:
@@ -373,12 +376,12 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
     return isinstance(out, torch.Tensor) and out is not values[chain[1]] and not out._is_view()
 
 
-def _extern_paths(gm: fx.GraphModule, kind: dict[fx.Node, str]) -> Callable[[fx.Node, fx.Node], bool]:
+def _extern_paths(graph: fx.Graph, kind: dict[fx.Node, str]) -> Callable[[fx.Node, fx.Node], bool]:
     """`through_extern(a, n)`: does a path from a to n pass through an extern call? Inductor
     cannot fuse a into n then (the fused kernel would wait on the call that waits on it).
     Bit sets over the extern calls: those upstream of each node and those downstream."""
     bit = {n: 1 << i for i, n in enumerate(n for n, k in kind.items() if k == "extern")}
-    nodes = [n for n in gm.graph.nodes if n in kind]
+    nodes = [n for n in graph.nodes if n in kind]
 
     def closure(order, neighbours) -> dict[fx.Node, int]:
         seen: dict[fx.Node, int] = {}
@@ -442,7 +445,7 @@ def loops_work(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None], 
     `fused_launches` does not see. optimize compares input and result by the sum of the two."""
     modules = dict(gm.named_modules(remove_duplicate=False))
     total = 0.0
-    for n in _live(gm, modules):
+    for n in _live(gm.graph, modules):
         if n.op not in ("call_function", "call_method", "call_module"):
             continue
         ops = _gemm_operands(n, _target_name(n, modules), modules, shape_of, strided_of)

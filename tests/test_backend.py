@@ -492,16 +492,18 @@ def test_backward_patched_patches_the_backward_only():
     assert seen == [(False, True), (True, False)] and config.inplace_buffers
 
 
-def _post_grad_rule(name=None, gated=True):
+def _post_grad_rule(name=None, gated=True, checked=False):
     """The backend's post-grad fusion `name` (default BATCH_BMM) with EGG_POST_GRAD's options,
-    without the stacked-elements limit unless `gated`."""
+    without the stacked-elements limit unless `gated`, and without the check that a batch
+    saves a launch (FEWER_LAUNCHES) unless `checked`: these tests batch small graphs to see
+    what a batch computes."""
     from torch._inductor.fx_passes import group_batch_fusion as gbf
 
-    from optimus_egg.baselines import BATCH_BMM, EGG_POST_GRAD, verify_options
+    from optimus_egg.baselines import BATCH_BMM, EGG_POST_GRAD, FEWER_LAUNCHES, verify_options
 
     verify_options({}, EGG_POST_GRAD)  # registers the backend's own fusions
     name = name or BATCH_BMM
-    options = {**gbf.graph_search_options, **EGG_POST_GRAD[name]}
+    options = {**gbf.graph_search_options, **EGG_POST_GRAD[name], FEWER_LAUNCHES: checked}
     if not gated:
         del options["max_stacked_per_launch"]
     return gbf.POST_GRAD_FUSIONS[name](graph_search_options=options)
@@ -584,6 +586,62 @@ def test_backend_batches_the_weight_gradient_bmms_of_a_training_step():
                                  backward_config_patches=EGG_BACKWARD).launches.extern
                 for p in (without, EGG_POST_GRAD)]
     assert launches[1] == launches[0] - 1, launches
+
+
+class SplitLinear(nn.Module):
+    """One linear over the two halves of its input: two [64, 64] @ [64, 64] GEMMs forward and
+    two weight-gradient GEMMs backward, each pair of one shape (bench/differential.py --seed 40
+    --train)."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.lin = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        a, b = x.split(x.shape[0] // 2)
+        return self.lin(a), self.lin(b)
+
+
+def test_post_grad_gemm_batching_only_where_it_saves_a_launch():
+    """Batched, SplitLinear's GEMM pairs need their operands stacked by code in phases that had
+    none, and the weight gradient's sum after the bmm: 5 launches for a training step whose
+    GEMMs apart launch 4. The backend's batchings try each batch on a copy of the graph and
+    make it only where the fusion estimate falls (FEWER_LAUNCHES): 4, no batch, values and
+    gradients as eager's; where a batch does save one (ExpertStack's weight gradients,
+    test_backend_batches_the_weight_gradient_bmms_of_a_training_step) it is still made."""
+    from torch._dynamo.utils import counters
+
+    from optimus_egg.baselines import (EGG_BACKWARD, EGG_POST_GRAD, FEWER_LAUNCHES, SAME_DTYPE_BATCH_LINEAR,
+                                       backend_patches, post_grad_patches)
+    from optimus_egg.measure import compile_inductor
+
+    torch.manual_seed(0)
+    m, x = SplitLinear(), torch.randn(128, 64)
+    gm = torch.fx.symbolic_trace(m)
+    unchecked = {k: {**v, FEWER_LAUNCHES: False} for k, v in EGG_POST_GRAD.items()}
+    apart = {k: v for k, v in EGG_POST_GRAD.items() if k != SAME_DTYPE_BATCH_LINEAR}
+    launches, batches = {}, {}
+    for name, passes in (("checked", EGG_POST_GRAD), ("unchecked", unchecked), ("apart", apart)):
+        counters.clear()
+        patches = {**backend_patches(gemm_loops=False), **post_grad_patches(passes)}
+        launches[name] = compile_inductor(gm, [x], training=True, config_patches=patches,
+                                          backward_config_patches=EGG_BACKWARD).launches.total
+        batches[name] = counters["inductor"]["batch_linear_post_grad"]
+    assert launches == {"checked": 4, "unchecked": 5, "apart": 4}, launches
+    assert batches["unchecked"] == 2 and batches["checked"] == 0, batches
+
+    ref = SplitLinear()
+    ref.load_state_dict(m.state_dict())
+    m.zero_grad()  # (compile_inductor's backward left gradients)
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    out = torch.compile(m, backend=optimus_egg.backend(budget_s=2.0, strict=True))(xs[0])
+    expected = ref(xs[1])
+    for got, want in zip(out, expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    sum(o.sum() for o in out).backward()
+    sum(e.sum() for e in expected).backward()
+    torch.testing.assert_close(m.lin.weight.grad, ref.lin.weight.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(xs[0].grad, xs[1].grad, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("op", ["bmm", "mm"])

@@ -154,7 +154,15 @@ BATCH_BMM = "batch_bmm_post_grad"
 # against 79 at 0.910 x), which put hstu past the latency target.
 # On a GPU, where a launch costs a fixed few microseconds, no limit (not measured there).
 MAX_STACKED_PER_LAUNCH = 32768
-_GATED = {**_BATCH, "max_stacked_per_launch": MAX_STACKED_PER_LAUNCH}
+# A batch saves launches only where its stacking code joins code the graph runs anyway: a
+# stack of inputs or of GEMM results in a phase between two calls that had no code is a C++
+# kernel of its own (two [64, 64] @ [64, 64] linears of one weight over a split's pieces: their
+# forward and weight-gradient GEMMs batched launched 5 where the members apart launched 4,
+# `bench/differential.py --seed 40 --train`). So on CPU (the option "fewer_launches") each
+# batch is tried on a copy of the graph first and made only where the fusion estimate
+# (extract/fusion_cost.py, which counts the backend's CPU kernel order) falls.
+FEWER_LAUNCHES = "fewer_launches"
+_GATED = {**_BATCH, "max_stacked_per_launch": MAX_STACKED_PER_LAUNCH, FEWER_LAUNCHES: True}
 
 # The post-grad passes the optimus_egg backend (and the bench's optimus_egg and greedy-rules
 # arms) compile with: OPTIMUS_POST_GRAD without the pointwise batching (batch_aten_*). Those
@@ -213,6 +221,52 @@ def _stacks_too_much(fusion, subset: list[fx.Node]) -> bool:
         return False
     stacked = sum(a.meta["val"].numel() for n in subset for a in n.args[-2:])
     return stacked > limit * (len(subset) - 1)
+
+
+def _saves_a_launch(fusion, graph: fx.Graph, subset: list[fx.Node]) -> bool:
+    """Does batching `subset` (`fusion.batch`) leave `graph` fewer launches by the fusion
+    estimate? Tried on a copy of the graph where the fusion's "fewer_launches" option asks and
+    the GEMMs are on CPU; elsewhere yes. GEMMs the GEMM loops write as loops (the option
+    "loops_max_macs") are priced as their code (the table launch_cost.LOOPS)."""
+    if not fusion.graph_search_options.get(FEWER_LAUNCHES) or subset[0].meta["val"].device.type != "cpu":
+        return True
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.extract.launch_cost import LOOPS
+
+    def shape(n: fx.Node):
+        v = n.meta.get("val")
+        return tuple(v.shape) if isinstance(v, torch.Tensor) else None
+
+    table = LOOPS if fusion.graph_search_options.get(LOOPS_MAX_MACS) is not None else "cpu"
+    trial, copies = _ordered_copy(graph)
+    launches = fused_launches(trial, shape, table)
+    counted = counters["inductor"]
+    before = counted.copy()
+    fusion.batch(trial, [copies[n] for n in subset])
+    counted.clear()  # the trial batched nothing
+    counted.update(before)
+    stable_topological_sort(trial)
+    return fused_launches(trial, shape, table) < launches
+
+
+def _ordered_copy(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
+    """A copy of `graph` with every node after its inputs (a post-grad batching leaves readers
+    of its members before the batch until the pass sorts the graph), and node -> its copy."""
+    copy_, copies = fx.Graph(), {}
+    for n in graph.nodes:
+        todo = [n]
+        while todo:
+            m = todo[-1]
+            waiting = [a for a in m.all_input_nodes if a not in copies]
+            if m in copies or not waiting:
+                if m not in copies:
+                    copies[m] = copy_.node_copy(m, copies.__getitem__)
+                todo.pop()
+            else:
+                todo.extend(waiting)
+    return copy_, copies
 
 
 def _operand_key(node: fx.Node) -> tuple:
@@ -282,8 +336,10 @@ def _register_refined_fusions() -> None:
             return (*key, *_operand_key(node))
 
         def fuse(self, graph, subset: list[fx.Node]) -> None:
-            if _stacks_too_much(self, subset):
-                return
+            if not _stacks_too_much(self, subset) and _saves_a_launch(self, graph, subset):
+                self.batch(graph, subset)
+
+        def batch(self, graph, subset: list[fx.Node]) -> None:
             if _bias_rounded_twice(subset[0]):
                 _fuse_as_baddbmm(graph, subset)
                 stable_topological_sort(graph)
@@ -317,8 +373,10 @@ def _batch_bmm_fusion(gbf) -> type:
             return (BATCH_BMM, a, b, *_operand_key(node))
 
         def fuse(self, graph: fx.Graph, subset: list[fx.Node]) -> None:
-            if _stacks_too_much(self, subset):
-                return
+            if not _stacks_too_much(self, subset) and _saves_a_launch(self, graph, subset):
+                self.batch(graph, subset)
+
+        def batch(self, graph: fx.Graph, subset: list[fx.Node]) -> None:
             lhs = [n.args[0] for n in subset]
             rhs = [n.args[1] for n in subset]
             batch = subset[0].args[0].meta["val"].shape[0]
@@ -652,7 +710,8 @@ def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loop
 class PostPasses(CustomGraphPass):
     """Post-grad passes run in order from Inductor's one `post_grad_custom_post_pass` slot. Its
     uuid, which keys Inductor's FX graph cache, names each pass's and this file's source (the
-    post-grad batchings registered here run by name from `post_grad_fusion_options`)."""
+    post-grad batchings registered here run by name from `post_grad_fusion_options`), and the
+    fusion estimate's, which the batchings consult."""
 
     def __init__(self, passes: Sequence[CustomGraphPass]):
         self.passes = tuple(passes)
@@ -662,7 +721,11 @@ class PostPasses(CustomGraphPass):
             p(graph)
 
     def uuid(self) -> str:
-        source = get_hash_for_files((__file__,)).hex()
+        from optimus_egg import kernel_order
+        from optimus_egg.extract import fusion_cost, launch_cost
+
+        # (the batchings' "fewer_launches" check reads the fusion estimate's files)
+        source = get_hash_for_files((__file__, fusion_cost.__file__, launch_cost.__file__, kernel_order.__file__)).hex()
         return "+".join([f"optimus_egg.baselines:{source}", *(str(p.uuid()) for p in self.passes)])
 
 
