@@ -45,7 +45,8 @@ from optimus_egg.from_fx import draws_random, is_mutation
 from optimus_egg.kernel_order import CALL, CODE, FREE, latest_phases
 
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
-                         "scatter_add", "sort", "topk", "nonzero"}
+                         "scatter_add", "sort", "topk", "nonzero",
+                         "_embedding_bag_backward"}  # (an ATen fallback in a backward graph: dlrm's)
 COPIES = {"cat", "concat", "stack"}
 INDEXING = {"index_select", "gather"}  # loads through an index: code of Inductor's own on CPU
 MAX_FUSION = 64  # Inductor's config.max_fusion_size: nodes per fused kernel

@@ -604,6 +604,57 @@ def test_fused_launches_copies_a_gemm_result_with_a_layout_of_its_own(f):
     assert fused_launches(gm, fx_shapes(gm, inputs)) == measured.total
 
 
+def _batched_and_sliced(a, b, c, d):
+    r = torch.bmm(torch.cat([a, b]), torch.cat([c, d]))
+    return r[:4], r[4:]  # aten.slice in an ATen graph: views
+
+
+def test_fused_launches_reads_an_aten_graph():
+    """The post-grad batchings price their batches on ATen graphs (baselines.FEWER_LAUNCHES): a
+    bare fx.Graph from make_fx, whose slices of the batch are `aten.slice` views (the estimate
+    once took them for code, a kernel after the bmm: 3 for 2), counts as Inductor compiles it
+    with the kernel order: the copies into the stacks, then the bmm."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    inputs = [torch.randn(4, 8, 16), torch.randn(4, 8, 16), torch.randn(4, 16, 8), torch.randn(4, 16, 8)]
+    gm = make_fx(_batched_and_sliced)(*inputs)
+    assert any(n.target == torch.ops.aten.slice.Tensor for n in gm.graph.nodes), gm.code
+    with torch.no_grad():
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
+        torch.testing.assert_close(gm(*inputs), _batched_and_sliced(*inputs))
+    shape = lambda n: tuple(n.meta["val"].shape) if isinstance(n.meta.get("val"), torch.Tensor) else None  # noqa: E731
+    assert (measured.extern, measured.cpp) == (1, 1), measured
+    assert fused_launches(gm.graph, shape) == measured.total
+
+
+def _bag_gradient(idx, off, w, g):
+    out = F.embedding_bag(idx, w, off, mode="sum")
+    return torch.autograd.grad(out, w, g)[0]
+
+
+def test_fused_launches_counts_the_embedding_bag_backward_as_a_call():
+    """In an ATen backward graph `_embedding_bag_backward` is a fallback call, as the forward's
+    `_embedding_bag` (dlrm's backward: the estimate once took its four for code, 7 for 11)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    w = torch.randn(20, 8, requires_grad=True)
+    inputs = [torch.randint(0, 20, (12,)), torch.tensor([0, 4, 8]), w, torch.randn(3, 8)]
+    gm = make_fx(_bag_gradient)(*inputs)
+    assert any(n.target == torch.ops.aten._embedding_bag_backward.default for n in gm.graph.nodes), gm.code
+    plain = [a.detach() for a in inputs]
+    measured = compile_inductor(gm, plain, config_patches=AS_BACKEND).launches
+    torch.testing.assert_close(gm(*plain), _bag_gradient(*inputs))
+    shape = lambda n: tuple(n.meta["val"].shape) if isinstance(n.meta.get("val"), torch.Tensor) else None  # noqa: E731
+    assert measured.fallback == measured.total == 2, measured
+    assert fused_launches(gm.graph, shape) == measured.total
+
+
 def _residual(x, w):
     a = torch.tanh(x)
     return a * (a @ w)  # a reaches the mul directly and through the GEMM
