@@ -235,9 +235,10 @@ def _saves_a_launch(fusion, graph: fx.Graph, subset: list[fx.Node]) -> bool:
     from optimus_egg.extract.fusion_cost import fused_launches
     from optimus_egg.extract.launch_cost import LOOPS
 
-    def shape(n: fx.Node):
+    def shape(n: fx.Node):  # (None where a dim is symbolic: the GEMM is then priced as a call)
         v = n.meta.get("val")
-        return tuple(v.shape) if isinstance(v, torch.Tensor) else None
+        ok = isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape)
+        return tuple(v.shape) if ok else None
 
     table = LOOPS if fusion.graph_search_options.get(LOOPS_MAX_MACS) is not None else "cpu"
     trial, copies = _ordered_copy(graph)
