@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection
 
+import torch
 import torch.fx as fx
 from optimus_egg.extract.launch_cost import (CPU_TABLES, GEMM_TARGETS, REDUCTION_TARGETS, VIEW_TARGETS,
                                              elementwise_batched_linear, elementwise_linear, elementwise_matmul,
@@ -71,6 +72,14 @@ SCANS = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
 
 
 Shape = tuple[int, ...]
+
+
+def meta_shape(n: fx.Node) -> Shape | None:
+    """A node's shape from its `meta["val"]` (an ATen graph's fake tensor), for `fused_launches`'
+    `shape_of`: None where it has none or a dim is symbolic (a GEMM is then priced as a call)."""
+    v = n.meta.get("val")
+    ok = isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape)
+    return tuple(v.shape) if ok else None
 
 
 def fused_launches(gm: fx.GraphModule | fx.Graph, shape_of: Callable[[fx.Node], Shape | None] | None = None,
@@ -335,8 +344,6 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
     compiles) it is a clone, which Inductor computes as elementwise code (interformer's
     heads, `movedim` then `flatten`, before their output projection). The view ops from the
     nearest computed value (taken as contiguous) are replayed on meta tensors."""
-    import torch
-
     chain, a = [], n
     while True:
         src = a.args[0] if a.args and isinstance(a.args[0], fx.Node) else None

@@ -616,7 +616,7 @@ def test_fused_launches_reads_an_aten_graph():
     with the kernel order: the copies into the stacks, then the bmm."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.extract.fusion_cost import fused_launches, meta_shape
     from optimus_egg.measure import compile_inductor
 
     inputs = [torch.randn(4, 8, 16), torch.randn(4, 8, 16), torch.randn(4, 16, 8), torch.randn(4, 16, 8)]
@@ -625,9 +625,8 @@ def test_fused_launches_reads_an_aten_graph():
     with torch.no_grad():
         measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
         torch.testing.assert_close(gm(*inputs), _batched_and_sliced(*inputs))
-    shape = lambda n: tuple(n.meta["val"].shape) if isinstance(n.meta.get("val"), torch.Tensor) else None  # noqa: E731
     assert (measured.extern, measured.cpp) == (1, 1), measured
-    assert fused_launches(gm.graph, shape) == measured.total
+    assert fused_launches(gm.graph, meta_shape) == measured.total
 
 
 def _bag_gradient(idx, off, w, g):
@@ -640,7 +639,7 @@ def test_fused_launches_counts_the_embedding_bag_backward_as_a_call():
     `_embedding_bag` (dlrm's backward: the estimate once took its four for code, 7 for 11)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.extract.fusion_cost import fused_launches, meta_shape
     from optimus_egg.measure import compile_inductor
 
     w = torch.randn(20, 8, requires_grad=True)
@@ -650,9 +649,8 @@ def test_fused_launches_counts_the_embedding_bag_backward_as_a_call():
     plain = [a.detach() for a in inputs]
     measured = compile_inductor(gm, plain, config_patches=AS_BACKEND).launches
     torch.testing.assert_close(gm(*plain), _bag_gradient(*inputs))
-    shape = lambda n: tuple(n.meta["val"].shape) if isinstance(n.meta.get("val"), torch.Tensor) else None  # noqa: E731
     assert measured.fallback == measured.total == 2, measured
-    assert fused_launches(gm.graph, shape) == measured.total
+    assert fused_launches(gm.graph, meta_shape) == measured.total
 
 
 def _residual(x, w):

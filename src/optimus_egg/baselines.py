@@ -232,24 +232,19 @@ def _saves_a_launch(fusion, graph: fx.Graph, subset: list[fx.Node]) -> bool:
         return True
     from torch._inductor.pattern_matcher import stable_topological_sort
 
-    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.extract.fusion_cost import fused_launches, meta_shape
     from optimus_egg.extract.launch_cost import LOOPS
-
-    def shape(n: fx.Node):  # (None where a dim is symbolic: the GEMM is then priced as a call)
-        v = n.meta.get("val")
-        ok = isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape)
-        return tuple(v.shape) if ok else None
 
     table = LOOPS if fusion.graph_search_options.get(LOOPS_MAX_MACS) is not None else "cpu"
     trial, copies = _ordered_copy(graph)
-    launches = fused_launches(trial, shape, table)
+    launches = fused_launches(trial, meta_shape, table)
     counted = counters["inductor"]
     before = counted.copy()
     fusion.batch(trial, [copies[n] for n in subset])
     counted.clear()  # the trial batched nothing
     counted.update(before)
     stable_topological_sort(trial)
-    return fused_launches(trial, shape, table) < launches
+    return fused_launches(trial, meta_shape, table) < launches
 
 
 def _ordered_copy(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
