@@ -629,27 +629,28 @@ def test_fused_launches_reads_an_aten_graph():
     assert fused_launches(gm.graph, meta_shape) == measured.total
 
 
-def _bag_gradient(idx, off, w, g):
-    out = F.embedding_bag(idx, w, off, mode="sum")
-    return torch.autograd.grad(out, w, g)[0]
+def _bag_gradients(idx, off, w, v, g):
+    out = F.embedding_bag(idx, w, off, mode="sum") + F.embedding_bag(idx, v, off, mode="sum")
+    return torch.autograd.grad(out, [w, v], g)
 
 
 def test_fused_launches_counts_the_embedding_bag_backward_as_a_call():
     """In an ATen backward graph `_embedding_bag_backward` is a fallback call, as the forward's
-    `_embedding_bag` (dlrm's backward: the estimate once took its four for code, 7 for 11)."""
+    `_embedding_bag` (dlrm's backward: the estimate once took its four for code, 7 for 11; here
+    two tables' gradients, which as code would fuse into one kernel: 3 for 4)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from optimus_egg.extract.fusion_cost import fused_launches, meta_shape
     from optimus_egg.measure import compile_inductor
 
-    w = torch.randn(20, 8, requires_grad=True)
-    inputs = [torch.randint(0, 20, (12,)), torch.tensor([0, 4, 8]), w, torch.randn(3, 8)]
-    gm = make_fx(_bag_gradient)(*inputs)
+    tables = [torch.randn(20, 8, requires_grad=True) for _ in range(2)]
+    inputs = [torch.randint(0, 20, (12,)), torch.tensor([0, 4, 8]), *tables, torch.randn(3, 8)]
+    gm = make_fx(_bag_gradients)(*inputs)
     assert any(n.target == torch.ops.aten._embedding_bag_backward.default for n in gm.graph.nodes), gm.code
     plain = [a.detach() for a in inputs]
     measured = compile_inductor(gm, plain, config_patches=AS_BACKEND).launches
-    torch.testing.assert_close(gm(*plain), _bag_gradient(*inputs))
-    assert measured.fallback == measured.total == 2, measured
+    torch.testing.assert_close(gm(*plain), _bag_gradients(*inputs))
+    assert measured.fallback == measured.total == 4, measured
     assert fused_launches(gm.graph, meta_shape) == measured.total
 
 
