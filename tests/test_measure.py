@@ -345,6 +345,22 @@ def test_rounds_no_worse_measures_against_float64():
     assert not rounds_no_worse(noisy * float("nan"), zero, noisy)
 
 
+def test_rounds_no_worse_leaves_out_exact_values_past_the_dtypes_range():
+    """float16 holds up to 65,504: an exact 1e6 is inf or NaN in every run (here inf in the
+    result, NaN in the references, as a float16 program's overflowing sums were); those
+    elements are not compared, and the others are, unbounded by the overflow's distance."""
+    exact = torch.tensor([1e6, -2e6, 1.5, 0.25], dtype=torch.float64)
+    inf, nan = float("inf"), float("nan")
+    result = torch.tensor([inf, -inf, 1.5, 0.25], dtype=torch.float16)
+    eager = torch.tensor([nan, nan, 1.5, 0.25], dtype=torch.float16)
+    assert rounds_no_worse(result, exact, eager)
+    wrong = torch.tensor([inf, -inf, 9.0, 0.25], dtype=torch.float16)
+    assert not rounds_no_worse(wrong, exact, result)  # one inf's distance no longer bounds the rest
+    assert not rounds_no_worse(wrong, exact, eager)
+    assert rounds_no_worse(torch.full((2,), inf, dtype=torch.float16), exact[:2], eager[:2])
+    assert not rounds_no_worse(torch.tensor([inf, -inf, nan, 0.25], dtype=torch.float16), exact, eager)
+
+
 def test_peak_rss_mb():
     rss = peak_rss_mb()
     assert 50 < rss < 1024 * 1024  # torch alone needs more than 50 MiB
