@@ -210,6 +210,38 @@ def test_kernel_order_warns_and_keeps_the_order_when_an_inductor_internal_fails(
         assert kernel_order.fewest_cpu_kernels(nodes) == nodes
 
 
+def test_phase_choices_refuse_only_their_schedulers_fusions_of_windows_apart():
+    from torch._inductor.virtualized import V
+
+    from optimus_egg.kernel_order import _PhaseChoices, fuse_within_phases
+
+    class Node:
+        def __init__(self, *parts):
+            self.parts = parts or (self,)
+
+        def get_nodes(self):
+            return list(self.parts)
+
+    class Prior:
+        def can_fuse(self, scheduler, node1, node2, shared_data_score):
+            return True
+
+    a, b, c, call = Node(), Node(), Node(), Node()  # call: no window (not code)
+    scheduler = object()
+    choices = _PhaseChoices(Prior(), scheduler, {a: (1, 1), b: (3, 3), c: (1, 3)})
+    assert not choices.can_fuse(scheduler, a, b, 1)
+    assert choices.can_fuse(scheduler, a, c, 1) and choices.can_fuse(scheduler, c, b, 1)
+    assert not choices.can_fuse(scheduler, Node(a, c), b, 1)  # a fused node: its parts' window
+    assert choices.can_fuse(scheduler, call, b, 1)
+    assert choices.can_fuse(object(), a, b, 1)  # another scheduler's: Inductor's heuristics
+    inductors = V.choices
+    _PhaseChoices.install(scheduler, {})
+    _PhaseChoices.install(scheduler, {})  # as if a fusion had raised before the post-fusion pass
+    assert V.choices.prior.prior is inductors
+    fuse_within_phases([])  # the next compile's pre-fusion pass puts Inductor's back first
+    assert V.choices is inductors
+
+
 def test_pre_fusion_pass_warns_and_leaves_fusion_to_inductor_when_an_inductor_internal_fails():
     from torch._inductor.virtualized import V
 
