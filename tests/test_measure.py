@@ -359,6 +359,12 @@ def test_rounds_no_worse_leaves_out_exact_values_past_the_dtypes_range():
     assert not rounds_no_worse(wrong, exact, eager)
     assert rounds_no_worse(torch.full((2,), inf, dtype=torch.float16), exact[:2], eager[:2])
     assert not rounds_no_worse(torch.tensor([inf, -inf, nan, 0.25], dtype=torch.float16), exact, eager)
+    # a value float16 holds (6e4) that every reference lost on the way (NaN): not compared either
+    exact[2] = 6e4
+    overflowed = torch.tensor([inf, -inf, nan, 0.25], dtype=torch.float16)
+    lost = torch.tensor([nan, nan, nan, 0.25], dtype=torch.float16)
+    assert rounds_no_worse(overflowed, exact, lost, lost)
+    assert not rounds_no_worse(overflowed, exact, lost, torch.tensor([inf, -inf, 6e4, 0.25], dtype=torch.float16))
 
 
 def test_peak_rss_mb():

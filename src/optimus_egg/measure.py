@@ -534,9 +534,11 @@ def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0,
     1e-17, eager's 2e-5 off) holds rounding noise only, whose size varies with the order of
     the sums (17 x apart between two compiles there): the bound is then `noise_factor` times
     the farthest reference's distance, which still fails a value off by orders of magnitude.
-    Elements whose exact value is past the dtype's range are not compared (no run can hold
-    them: a float16 program whose sums reach 1e6 gave inf in optimus_egg and NaN in eager and
-    plain Inductor); the rest of the tensor is, as if they were not there.
+    Elements whose exact value is finite but past the dtype's range, or that every reference
+    lost to inf or NaN on the way (an overflow before the last op), are not compared: the runs
+    in that dtype cannot compute them (a float16 program whose sums reached 1e6 gave inf and NaN
+    in optimus_egg and NaN in eager and plain Inductor). The rest of the tensor is, as if they
+    were not there.
     Non-tensor leaves must be equal; a NaN not in `exact` fails."""
     leaves = [tree_leaves(x) for x in (got, exact, *references)]
     if len({len(x) for x in leaves}) != 1:
@@ -555,7 +557,10 @@ def rounds_no_worse(got: Any, exact: Any, *references: Any, factor: float = 3.0,
                 return False
             continue
         x = x.double()
-        held = ~(x.isfinite() & ~x.to(g.dtype).isfinite())  # an exact value past the dtype's range
+        lost = ~x.to(g.dtype).isfinite()  # past the dtype's range ...
+        if refs:  # ... or lost on the way (an overflow before the last op) in every reference
+            lost = lost | torch.stack([~r.isfinite() for r in refs]).all(0)
+        held = ~(x.isfinite() & lost)
         if not held.all():
             g, x, refs = g[held], x[held], [r[held] for r in refs]
             if not g.numel():
