@@ -1157,6 +1157,63 @@ def test_reads_after_the_last_write_batch_and_the_write_stays():
     assert after <= optimus < before, (before, after, optimus)
 
 
+class _WriteIntoAnUnbindItem(nn.Module):
+    """Two column blocks of the input stacked and unbound again, item 0 written in place, then
+    a bias-less linear of each item (bench/differential.py --train, seed 43: 5 launches per
+    training step where Optimus's batched linears made 4); with `whole`, the write goes into
+    the stack, which item 1 is a view of."""
+
+    def __init__(self, whole: bool = False):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 3, bias=False), nn.Linear(3, 3, bias=False)
+        self.whole = whole
+
+    def forward(self, x):
+        pieces = torch.split(x, 3, dim=1)
+        s = torch.stack([pieces[0], pieces[1]])
+        items = s.unbind()
+        p, q = items[0], items[1]
+        (s if self.whole else p).add_(0.5)
+        return torch.cat([self.a(p), self.b(q)], dim=1)
+
+
+def test_reads_after_the_last_write_of_an_item_it_leaves_alone_batch():
+    """Item 1 is provably apart from the written item 0 (another index of one unbind), so its
+    linear, after the last write, is unordered as the linear of the write's result is: the
+    two batch, and the training step compiled as the backend compiles it launches 4 (the
+    input 5), with the input's values and gradients."""
+    from optimus_egg.baselines import as_backend_compiles
+    from optimus_egg.kernel_order import KERNEL_ORDER
+    from optimus_egg.measure import compile_inductor
+
+    torch.manual_seed(0)
+    model, x = _WriteIntoAnUnbindItem().eval(), torch.randn(3, 6)
+    gm = fx.symbolic_trace(model)
+    out, report = _optimize_exact(gm, x, exact=False)
+    assert report.groups.get("linear") == 1, report
+    assert calls(out, "add_") == 1
+    launches, grads = {}, {}
+    for name, g in (("input", gm), ("optimus_egg", as_backend_compiles(out, gemm_loops=False))):
+        for p in g.parameters():
+            p.grad = None
+        c = compile_inductor(g, [x], training=True, config_patches=KERNEL_ORDER)
+        torch.testing.assert_close(c.fn(x), model(x), rtol=1e-5, atol=1e-6)
+        launches[name] = c.launches.total
+        grads[name] = {k: p.grad.clone() for k, p in g.named_parameters()}
+    assert launches == {"input": 5, "optimus_egg": 4}, launches
+    for k, grad in grads["input"].items():
+        torch.testing.assert_close(grads["optimus_egg"][k], grad, rtol=1e-5, atol=1e-6)
+
+
+def test_reads_of_an_item_a_write_may_touch_stay_ordered():
+    """The write into the whole stack touches item 1: its linear stays an ordered effect (no
+    batch), and every value is the input graph's bit for bit."""
+    torch.manual_seed(0)
+    out, report = _optimize_exact(_WriteIntoAnUnbindItem(whole=True).eval(), torch.randn(3, 6))
+    assert not report.groups, report
+    assert calls(out, "add_") == 1
+
+
 def test_reads_before_a_later_write_stay_ordered():
     """The same reads with another write after them: they are not after the last write, so
     they stay ordered effects (no batch) and every value, the written input's included, is

@@ -345,14 +345,75 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     # A read after the graph's last write whose only aliased operand is that write's result
     # (functional.py rewires reads of a written tensor to the write) depends on the write as
     # data and sees no write after it: it need not be ordered, and its ops can batch.
+    # So does a read after it of a view that no write touches (an unbind's other item, provably
+    # apart from every written place: _apart), whose elements are the same before and after.
     free: set[fx.Node] = set()
     if mutated:
         order = {n: i for i, n in enumerate(graph.nodes)}
         last = max(mutated, key=order.__getitem__)
-        free = {u for u in last.users if u not in aliased and u not in impure and order[u] > order[last]
-                and all(a is last or a not in aliased for a in u.all_input_nodes)}
+        writes = None if any("out" in m.kwargs for m in mutated) else [_place(m, modules) for m in mutated]
+
+        def unwritten(a: fx.Node) -> bool:
+            place = _place(a, modules)
+            return writes is not None and not any(_may_share(place, w) for w in writes)
+
+        free = {u for a in aliased for u in a.users if u not in aliased and u not in impure and order[u] > order[last]
+                and all(b is last or b not in aliased or unwritten(b) for b in u.all_input_nodes)}
     return [n for n in graph.nodes if (n in touched and n not in free and n.op not in ("placeholder", "get_attr"))
             or n in impure]
+
+
+def _place(n: fx.Node, modules: dict | None) -> tuple:
+    """Where n's value lies, as written_aliases sees aliases: (root, views), looking back
+    through views, writes (into their first operand) and calls returning their input to a node
+    that is none of these, with each view taken on the way (its op and its arguments after the
+    viewed tensor), outermost first."""
+    views: list = []
+    while n.op not in ("placeholder", "get_attr") and n.all_input_nodes:
+        view, same = _is_view(n), _returns_input(n, modules)
+        if not (view or same or is_mutation(n, modules)):
+            break
+        if view and not same:
+            views.append((_name(n.target), n.args[1:], tuple(sorted(n.kwargs.items()))))
+        n = n.all_input_nodes[0]
+    return n, tuple(reversed(views))
+
+
+def _may_share(a: tuple, b: tuple) -> bool:
+    """May two places ((root, views): _place, pipeline._storage) share an element? Not where
+    their roots differ, or where, at the first view where they part, they take pieces provably
+    apart (_apart)."""
+    if a[0] is not b[0]:
+        return False
+    for va, vb in zip(a[1], b[1]):
+        if va != vb:
+            return not _apart(va, vb)
+    return True
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _apart(va: tuple, vb: tuple) -> bool:
+    """Are two views of one value pieces without an element in common? Two items of a tuple of
+    pieces or two rows (getitem), two indices of one dim (select), two spans of one dim that do
+    not meet (narrow); counted from the same end, as the sizes are not known here. Anything
+    else may overlap."""
+    (name, args, kwargs), (name_b, args_b, kwargs_b) = va, vb
+    if name != name_b or kwargs or kwargs_b or len(args) != len(args_b):
+        return False
+    if name == "getitem" and len(args) == 1:
+        i, j = args[0], args_b[0]
+        return _int(i) and _int(j) and i != j and (i < 0) == (j < 0)
+    if name == "select" and len(args) == 2:
+        (d, i), (e, j) = args, args_b
+        return _int(i) and _int(j) and d == e and i != j and (i < 0) == (j < 0)
+    if name == "narrow" and len(args) == 3:
+        (d, s, n), (e, t, m) = args, args_b
+        return (d == e and all(_int(v) and v >= 0 for v in (s, n, t, m))
+                and (s + n <= t or t + m <= s))
+    return False
 
 
 def written_aliases(graph: fx.Graph, modules: dict | None, mutated: list, marked: Sequence[fx.Node] = ()) -> set[fx.Node]:

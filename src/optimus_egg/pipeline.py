@@ -30,7 +30,7 @@ from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, eleme
                                              elementwise_linear, elementwise_matmul, gemm_macs, launch_cost, linear_macs, loop_work,
                                              scalar_gemm_price, scalar_loops)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
-from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _name, _returns_input, from_fx, is_mutation
+from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _may_share, _name, _returns_input, from_fx, is_mutation
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
 from optimus_egg.shapes import buffers_kept, check_inputs, guard_example_shapes, state_kept
@@ -589,42 +589,6 @@ def _must_overlap(a: tuple, b: tuple) -> bool:
             and not any(v[0] in MAY_COPY for v in a[1] + b[1]))
 
 
-def _may_overlap(a: tuple, b: tuple) -> bool:
-    """Can two _storage places share memory? Unless their roots differ, or, at the first view
-    where they part, they take pieces that are provably apart (_apart)."""
-    if a[0] is not b[0]:
-        return False
-    for va, vb in zip(a[1], b[1]):
-        if va != vb:
-            return not _apart(va, vb)
-    return True
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _apart(va: tuple, vb: tuple) -> bool:
-    """Are two views of one value pieces without an element in common? Two items of a tuple of
-    pieces or two rows (getitem), two indices of one dim (select), two spans of one dim that do
-    not meet (narrow); counted from the same end, as the sizes are not known here. Anything
-    else may overlap."""
-    (name, args, kwargs), (name_b, args_b, kwargs_b) = va, vb
-    if name != name_b or kwargs or kwargs_b or len(args) != len(args_b):
-        return False
-    if name == "getitem" and len(args) == 1:
-        i, j = args[0], args_b[0]
-        return _int(i) and _int(j) and i != j and (i < 0) == (j < 0)
-    if name == "select" and len(args) == 2:
-        (d, i), (e, j) = args, args_b
-        return _int(i) and _int(j) and d == e and i != j and (i < 0) == (j < 0)
-    if name == "narrow" and len(args) == 3:
-        (d, s, n), (e, t, m) = args, args_b
-        return (d == e and all(_int(v) and v >= 0 for v in (s, n, t, m))
-                and (s + n <= t or t + m <= s))
-    return False
-
-
 def _leaf(place: tuple) -> bool:
     return isinstance(place[0], fx.Node) and place[0].op in ("placeholder", "get_attr")
 
@@ -647,7 +611,7 @@ def copy_new_aliases(gm: fx.GraphModule, out: fx.GraphModule) -> int:
             continue
         pb = _storage(b, mods_before) if isinstance(b, fx.Node) else (None, ())
         pa = _storage(a, mods_after)
-        if (_leaf(pa) and not _leaf(pb)) or any(_may_overlap(pa, qa) and not _must_overlap(pb, qb)
+        if (_leaf(pa) and not _leaf(pb)) or any(_may_share(pa, qa) and not _must_overlap(pb, qb)
                                                  for qb, qa in kept):
             copy_at.add(i)
         else:
