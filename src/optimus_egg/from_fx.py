@@ -364,15 +364,20 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
             or n in impure]
 
 
-def _place(n: fx.Node, modules: dict | None) -> tuple:
-    """Where n's value lies, as written_aliases sees aliases: (root, views), looking back
-    through views, writes (into their first operand) and calls returning their input to a node
-    that is none of these, with each view taken on the way (its op and its arguments after the
+def _place(n: fx.Node, modules: dict | None, is_view: Callable[[fx.Node], bool] = _is_view,
+           through: Callable[[fx.Node], bool] = lambda n: False) -> tuple:
+    """Where n's value lies: (root, views), looking back through views (`is_view`: by default
+    as written_aliases sees them), writes (into `out=`, else their first operand), calls that
+    return their input and nodes `through` says do, to a graph input, a parameter or a computed
+    value (the root), with each view taken on the way (its op and its arguments after the
     viewed tensor), outermost first."""
     views: list = []
-    while n.op not in ("placeholder", "get_attr") and n.all_input_nodes:
-        view, same = _is_view(n), _returns_input(n, modules)
-        if not (view or same or is_mutation(n, modules)):
+    while isinstance(n, fx.Node) and n.op not in ("placeholder", "get_attr") and n.all_input_nodes:
+        if isinstance(n.kwargs.get("out"), fx.Node):
+            n = n.kwargs["out"]
+            continue
+        view, same = is_view(n), _returns_input(n, modules)
+        if not (view or same or is_mutation(n, modules) or through(n)):
             break
         if view and not same:
             views.append((_name(n.target), n.args[1:], tuple(sorted(n.kwargs.items()))))

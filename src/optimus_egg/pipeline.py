@@ -30,7 +30,7 @@ from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, eleme
                                              elementwise_linear, elementwise_matmul, gemm_macs, launch_cost, linear_macs, loop_work,
                                              scalar_gemm_price, scalar_loops)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
-from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _may_share, _name, _returns_input, from_fx, is_mutation
+from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _may_share, _name, _place, from_fx
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
 from optimus_egg.shapes import buffers_kept, check_inputs, guard_example_shapes, state_kept
@@ -563,22 +563,10 @@ def _keep_zero_grads(gm: fx.GraphModule, out: fx.GraphModule, inputs, lost: tupl
 
 
 def _storage(n, modules: dict) -> tuple:
-    """Where n's value lies: (root, views), looking back through views, in-place writes and
-    calls that return their input (an eval dropout, keep_grads) to a graph input, a parameter or
-    a computed value (the root), with each view taken on the way (its op and its arguments
-    after the viewed tensor), outermost first."""
-    views: list = []
-    while isinstance(n, fx.Node) and n.op not in ("placeholder", "get_attr") and n.all_input_nodes:
-        if isinstance(n.kwargs.get("out"), fx.Node):
-            n = n.kwargs["out"]
-            continue
-        view, same = node_kind(n, modules) == "view", _returns_input(n, modules)
-        if not (view or same or is_mutation(n, modules) or n.target is ops.keep_grads):  # (keep_grads: its input's storage)
-            break
-        if view and not same:
-            views.append((_name(n.target), n.args[1:], tuple(sorted(n.kwargs.items()))))
-        n = n.all_input_nodes[0]
-    return n, tuple(reversed(views))
+    """Where n's value lies (from_fx._place), with the fusion estimate's views (node_kind) and
+    keep_grads, which returns its input, looked through too."""
+    return _place(n, modules, is_view=lambda m: node_kind(m, modules) == "view",
+                  through=lambda m: m.target is ops.keep_grads)
 
 
 def _must_overlap(a: tuple, b: tuple) -> bool:
