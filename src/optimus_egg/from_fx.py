@@ -351,7 +351,8 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     if mutated:
         order = {n: i for i, n in enumerate(graph.nodes)}
         last = max(mutated, key=order.__getitem__)
-        # (not where another part writes too, nor through `out=`: writes _place cannot place)
+        # (not where another part writes too, nor through `out=`, whose target written_aliases
+        # does not take for the written tensor)
         writes = None if marked or any("out" in m.kwargs for m in mutated) else [_place(m, modules) for m in mutated]
 
         def unwritten(a: fx.Node) -> bool:
