@@ -10,10 +10,12 @@ own.
 `fewest_cpu_kernels` runs after fusion (`config._post_fusion_custom_pass`). It takes Inductor's
 peak-memory order, then regroups: it alternates "every code node that is ready" and "every
 call that is ready", which gives the fewest runs of code a topological order can have (what is
-done after k phases is the most any order can have done), trying both first phases. Each node
+done after k phases is the most any order can have done), calls first (a first phase of calls
+adds no run, and never leaves more to do than a first phase of code). Each node
 then moves to the last phase of its kind that its readers allow, so values are computed as
 late as they were needed (memory), and nodes keep their peak-memory order within a phase. The
-fused nodes, and so the values and the GEMMs, stay as Inductor made them.
+fused nodes, and so the values and the GEMMs, stay as Inductor made them (but for the fusions
+the pre-fusion pass below refuses).
 
 Fusion can join code of two phases: Inductor fuses nodes that read one buffer, and a node
 needed before a call fused with one that reads that call's result runs between the two calls,
@@ -169,7 +171,7 @@ def phase_windows(kinds: list[str], deps: list[set[int]]) -> list[tuple[int, int
     in, calls first, and the last phase of its kind its readers allow. An order that puts a
     CODE item's run outside its window has more code runs."""
     users = _users(deps)
-    _, _, taken = _phases(kinds, deps, users, CALL)  # (calls first: never more runs than code first)
+    taken = _phases(kinds, deps, users)
     last = max((p for _, p in taken), default=0)
     last += last % 2  # a last phase of calls, which adds no run
     kind_of = [CALL if p % 2 == 0 else CODE for p in range(last + 1)]
@@ -190,29 +192,26 @@ def _users(deps: list[set[int]]) -> list[list[int]]:
     return users
 
 
-def _phases(kinds: list[str], deps: list[set[int]], users: list[list[int]], first: str):
-    """Phases of alternating kinds from `first`, each taking every ready item of its kind and
-    every ready FREE item. Returns (code runs, first, [(item, phase)] in the order taken)."""
+def _phases(kinds: list[str], deps: list[set[int]], users: list[list[int]]) -> list[tuple[int, int]]:
+    """Phases of alternating kinds, calls first, each taking every ready item of its kind and
+    every ready FREE item: [(item, phase)] in the order taken."""
     waiting = [len(d) for d in deps]
     ready: dict[str, list[int]] = {CODE: [], CALL: [], FREE: []}
     for i, w in enumerate(waiting):
         if not w:
             ready[kinds[i]].append(i)
     taken: list[tuple[int, int]] = []
-    runs, phase, kind = 0, 0, first
+    phase, kind = 0, CALL
     while len(taken) < len(kinds):
-        ran_code = False
         while ready[kind] or ready[FREE]:
             i = heapq.heappop(ready[kind] or ready[FREE])
             taken.append((i, phase))
-            ran_code |= kinds[i] == CODE
             for u in users[i]:
                 waiting[u] -= 1
                 if not waiting[u]:
                     heapq.heappush(ready[kinds[u]], u)
-        runs += ran_code
         phase, kind = phase + 1, CALL if kind == CODE else CODE
-    return runs, first, taken
+    return taken
 
 
 def _calls_a_body(nodes: list[Any]) -> bool:
