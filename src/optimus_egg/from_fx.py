@@ -162,10 +162,15 @@ _VIEW_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpos
                  "movedim", "squeeze", "unsqueeze", "expand", "narrow", "select", "split",
                  "chunk", "unbind", "as_strided", "view_as", "reshape_as", "contiguous",
                  "__getitem__", "detach", "T", "split_with_sizes", "diagonal", "unfold"}
-# Not view ops, but their result may be their input itself (a conversion with nothing to
-# convert), so a write through it is a write to the input.
+# Composite ops whose results may be views of each tensor operand, not the first only.
+_VIEWS_OF_EACH = {"atleast_1d", "atleast_2d", "atleast_3d", "broadcast_tensors", "meshgrid"}
+# Not view ops, but their result may be their input itself or a view of it (a conversion with
+# nothing to convert, an einsum that only permutes, a composite op whose schema does not say:
+# others are found by _aten_view), so a write through it is a write to the input.
 _MAY_ALIAS = {"to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool",
-              "cpu", "cuda", "expand_as", "swapaxes", "swapdims", "view_as_real", "view_as_complex"}
+              "cpu", "cuda", "expand_as", "swapaxes", "swapdims", "view_as_real", "view_as_complex",
+              "byte", "char", "short", "cfloat", "cdouble", "chalf", "to_dense", "conj_physical", "einsum",
+              "sum_to_size", "unsafe_split", "unsafe_chunk", "unsafe_split_with_sizes", *_VIEWS_OF_EACH}
 _VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}  # x.T traces as getattr(x, "T")
 # Calls that set global state for the nodes after them (Dynamo's `with torch.no_grad()`,
 # `torch.autocast`, `torch.inference_mode`, ...): the e-graph keeps no order that could hold
@@ -248,8 +253,11 @@ _INPLACE_DUNDERS = {f"__{op.__name__}__" for op in _INPLACE_OPERATORS}
 
 def is_mutation(node: fx.Node, modules: dict | None = None) -> bool:
     """Does the node write into a tensor (an in-place method, op or operator, `out=`,
-    `inplace=True`, setitem)? FX's dead-code elimination does not know these: a `y.mul_(z)`
-    whose result is unused looks dead to it."""
+    `inplace=True`, setitem, a _SIDE_WRITES call: a norm updating its running statistics)?
+    FX's dead-code elimination does not know these: a `y.mul_(z)` whose result is unused looks
+    dead to it."""
+    if _side_writes(node, modules) is not None:
+        return True
     if node.op == "call_module":  # nn.ReLU(inplace=True) writes into its input
         mod = _submodule(node, modules)
         return mod is not None and getattr(mod, "inplace", False) is True
@@ -264,9 +272,76 @@ def is_mutation(node: fx.Node, modules: dict | None = None) -> bool:
             or node.kwargs.get("inplace") is True or _bound_args(node).get("inplace") is True)
 
 
+def _training(flag) -> bool:
+    return flag is not False
+
+
+def _max_norm(v) -> bool:
+    return v is not None
+
+
+# Calls that write into some of their operands and return a value of their own: a norm in
+# training updates the running statistics it is given, an embedding lookup with max_norm
+# renormalizes the rows it reads in its weight. Per spelling: the written arguments (position,
+# name) and the argument that decides (position, name, default, whether its value writes; a
+# value computed in the graph does).
+_SIDE_WRITES = {
+    F.batch_norm: (((1, "running_mean"), (2, "running_var")), (5, "training", False, _training)),
+    F.instance_norm: (((1, "running_mean"), (2, "running_var")), (5, "use_input_stats", True, _training)),
+    **dict.fromkeys([torch.batch_norm, aten.batch_norm.default],
+                    (((3, "running_mean"), (4, "running_var")), (5, "training", True, _training))),
+    **dict.fromkeys([torch.instance_norm, aten.instance_norm.default],
+                    (((3, "running_mean"), (4, "running_var")), (5, "use_input_stats", True, _training))),
+    F.embedding: (((1, "weight"),), (3, "max_norm", None, _max_norm)),
+    F.embedding_bag: (((1, "weight"),), (3, "max_norm", None, _max_norm)),
+}
+
+
+def _side_writes(node: fx.Node, modules: dict | None) -> list[fx.Node] | None:
+    """What a call writing besides computing a value of its own (_SIDE_WRITES) writes into:
+    the operands it is given, or for a module (a BatchNorm or InstanceNorm in training, an
+    Embedding or EmbeddingBag with max_norm) the graph's get_attr reads of its buffers or
+    weight (perhaps none). None where the node is no such write."""
+    if node.op == "call_module":
+        mod = _submodule(node, modules)
+        if (isinstance(mod, torch.nn.modules.batchnorm._NormBase) and mod.training
+                and getattr(mod, "running_mean", None) is not None):
+            names = ("running_mean", "running_var", "num_batches_tracked")
+        elif isinstance(mod, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and mod.max_norm is not None:
+            names = ("weight",)
+        else:
+            return None
+        return [g for g in node.graph.find_nodes(op="get_attr") if isinstance(g.target, str)
+                and g.target.rpartition(".")[0] == node.target and g.target.rpartition(".")[2] in names]
+    spec = _SIDE_WRITES.get(node.target) if node.op == "call_function" else None
+    if spec is None:
+        return None
+
+    def arg(i, name, default=None):
+        return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+    written, (i, name, default, writes) = spec
+    tensors = [t for t in (arg(*w) for w in written) if isinstance(t, fx.Node)]
+    return tensors if tensors and writes(arg(i, name, default)) else None
+
+
+def _result_written(node: fx.Node) -> bool:
+    """Is a write's result the tensor it writes into (an in-place op's, an `out=` write's),
+    not a value of its own (_SIDE_WRITES', an ATen op's returning a new tensor or nothing)?"""
+    if _side_writes(node, None) is not None:
+        return False
+    if isinstance(node.target, torch._ops.OpOverload):
+        returns = node.target._schema.returns
+        return bool(returns) and returns[0].alias_info is not None
+    return True
+
+
 def _is_view(node: fx.Node) -> bool:
+    """May the node's result be an operand or a view of one (a write through it writes there)?"""
+    if node.op == "call_module":
+        return isinstance(_submodule(node, None), (torch.nn.Flatten, torch.nn.Unflatten))
     if node.op == "call_method":
-        return node.target in _VIEW_METHODS or node.target in _MAY_ALIAS
+        return node.target in _VIEW_METHODS or node.target in _MAY_ALIAS or _aten_view(node.target)
     if node.op == "call_function":
         if node.target is operator.getitem:
             return True
@@ -274,8 +349,30 @@ def _is_view(node: fx.Node) -> bool:
             return node.args[1] in _VIEW_ATTRS
         if isinstance(node.target, torch._ops.OpOverload):
             return bool(node.target._schema.returns and node.target._schema.returns[0].alias_info)
-        return _name(node.target) in _VIEW_METHODS or _name(node.target) in _MAY_ALIAS
+        name = _name(node.target)
+        return name in _VIEW_METHODS or name in _MAY_ALIAS or _aten_view(name)
     return False
+
+
+@functools.lru_cache(maxsize=None)
+def _aten_schemas(name: str) -> tuple:
+    """The schemas of the ATen op of this name (torch.moveaxis, Tensor.ravel, aten.alias,
+    torch._foreach_add_), one per overload; none where ATen has no such op."""
+    if not name.isidentifier() or name.startswith("__"):
+        return ()
+    try:
+        packet = getattr(torch.ops.aten, name)
+    except (AttributeError, RuntimeError):
+        return ()
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return ()
+    return tuple(getattr(packet, o)._schema for o in packet.overloads())
+
+
+def _aten_view(name: str) -> bool:
+    """Does the ATen op of this name return an alias of an operand: a return with alias info
+    in an overload that writes nothing?"""
+    return any(not s.is_mutable and any(r.alias_info is not None for r in s.returns) for s in _aten_schemas(name))
 
 
 def _returns_input(node: fx.Node, modules: dict | None = None) -> bool:
@@ -339,7 +436,7 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     if not mutated and not marked:
         return [n for n in graph.nodes if n in impure]
     aliased = written_aliases(graph, modules, mutated, marked)
-    touched = set(aliased)
+    touched = aliased | set(mutated)  # (a _SIDE_WRITES call is a write, its result fresh)
     for n in aliased:
         touched.update(u for u in n.users if u.op != "output")
     # A read after the graph's last write whose only aliased operand is that write's result
@@ -351,9 +448,8 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
     if mutated:
         order = {n: i for i, n in enumerate(graph.nodes)}
         last = max(mutated, key=order.__getitem__)
-        # (not where another part writes too, nor through `out=`, whose target written_aliases
-        # does not take for the written tensor)
-        writes = None if marked or any("out" in m.kwargs for m in mutated) else [_place(m, modules) for m in mutated]
+        # (not where another part writes too)
+        writes = None if marked else [_place(w, modules) for m in mutated for w in _written_operands(m)]
 
         def unwritten(a: fx.Node) -> bool:
             place = _place(a, modules)
@@ -365,31 +461,47 @@ def _ordered_effects(graph: fx.Graph, modules: dict | None = None, mutated: list
             or n in impure]
 
 
+# The root of a place (_place) that may lie in any operand: a view of several, a tuple written
+# through `out=`. It may share elements with every place.
+ANYWHERE = object()
+
+
 def _place(n: fx.Node, modules: dict | None, is_view: Callable[[fx.Node], bool] = _is_view,
            through: Callable[[fx.Node], bool] = lambda n: False) -> tuple:
     """Where n's value lies: (root, views), looking back through views (`is_view`: by default
-    as written_aliases sees them), writes (into `out=`, else their first operand), calls that
-    return their input and nodes `through` says do, to a graph input, a parameter or a computed
-    value (the root), with each view taken on the way (its op and its arguments after the
-    viewed tensor), outermost first."""
+    as written_aliases sees them), writes (into `out=`, item i of a tuple `out=` into its
+    i-th tensor, else their first operand), calls that return their input and nodes `through`
+    says do, to a graph input, a parameter, a computed value or ANYWHERE (the root), with each
+    view taken on the way (its op and its arguments after the viewed tensor), outermost first."""
     views: list = []
     while isinstance(n, fx.Node) and n.op not in ("placeholder", "get_attr") and n.all_input_nodes:
-        if isinstance(n.kwargs.get("out"), fx.Node):
-            n = n.kwargs["out"]
+        out = n.kwargs.get("out")
+        if isinstance(out, (tuple, list)):  # a write into several tensors: its item i lies in out[i]
+            i = views[-1][1][0] if views and views[-1][0] == "getitem" and len(views[-1][1]) == 1 else None
+            if not (_int(i) and -len(out) <= i < len(out) and isinstance(out[i], fx.Node)):
+                return ANYWHERE, ()
+            views.pop()
+            n = out[i]
             continue
         view, same = is_view(n), _returns_input(n, modules)
-        if not (view or same or is_mutation(n, modules) or through(n)):
+        write = is_mutation(n, modules) and _result_written(n)  # (else its result is a value of its own)
+        if not (view or same or write or through(n)):
             break
-        if view and not same:
+        if view and not same and not write:
             views.append((_name(n.target), n.args[1:], tuple(sorted(n.kwargs.items()))))
-        n = n.all_input_nodes[0]
+        operands = _written_operands(n) if view or write else n.all_input_nodes[:1]
+        if len(operands) != 1:
+            return ANYWHERE, ()
+        n = operands[0]
     return n, tuple(reversed(views))
 
 
 def _may_share(a: tuple, b: tuple) -> bool:
     """May two places ((root, views): _place, pipeline._storage) share an element? Not where
-    their roots differ, or where, at the first view where they part, they take pieces provably
-    apart (_apart)."""
+    their roots differ (and neither is ANYWHERE), or where, at the first view where they part,
+    they take pieces provably apart (_apart)."""
+    if a[0] is ANYWHERE or b[0] is ANYWHERE:
+        return True
     if a[0] is not b[0]:
         return False
     for va, vb in zip(a[1], b[1]):
@@ -424,20 +536,45 @@ def _apart(va: tuple, vb: tuple) -> bool:
 
 
 def written_aliases(graph: fx.Graph, modules: dict | None, mutated: list, marked: Sequence[fx.Node] = ()) -> set[fx.Node]:
-    """The writes `mutated`, the tensors they write into, and every node that may alias one
-    of those (views both ways, writes, calls returning their input), `marked` nodes' aliases
-    included."""
+    """The tensors the writes `mutated` write into, the writes whose result is that tensor
+    (_result_written), and every node that may alias one of those (views both ways, such
+    writes, calls returning their input), `marked` nodes' aliases included."""
+    def alias_of_operand(u: fx.Node) -> bool:
+        return _is_view(u) or _returns_input(u, modules) or (is_mutation(u, modules) and _result_written(u))
+
     aliased: set[fx.Node] = set()
-    todo = [a for n in mutated for a in n.all_input_nodes[:1]] + list(mutated) + list(marked)
+    todo = [a for n in mutated for a in _written_operands(n)] + [n for n in mutated if _result_written(n)]
+    todo += list(marked)
     while todo:
         n = todo.pop()
         if n in aliased:
             continue
         aliased.add(n)
-        if _is_view(n) or is_mutation(n, modules) or _returns_input(n, modules):
-            todo.extend(n.all_input_nodes[:1])
-        todo.extend(u for u in n.users if _is_view(u) or is_mutation(u, modules) or _returns_input(u, modules))
+        if alias_of_operand(n):
+            todo.extend(_written_operands(n))
+        todo.extend(u for u in n.users if alias_of_operand(u))
     return aliased
+
+
+def _written_operands(n: fx.Node) -> list[fx.Node]:
+    """For a write, the tensors it writes into: a _SIDE_WRITES call's, its `out=`
+    tensors, an ATen op's arguments its schema marks written, else its first operand. For a
+    view or a call returning its input, those its result may share memory with: its first
+    operand, or each one (_VIEWS_OF_EACH)."""
+    side = _side_writes(n, None)
+    if side is not None:
+        return side
+    out = n.kwargs.get("out")
+    written = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, fx.Node)]
+    if not written and n.op in ("call_function", "call_method"):  # what ATen's schemas mark written
+        schemas = [n.target._schema] if isinstance(n.target, torch._ops.OpOverload) else _aten_schemas(_name(n.target))
+        given = [(a, v) for s in schemas if s.is_mutable
+                 for a, v in [*zip(s.arguments, n.args), *((a, n.kwargs[a.name]) for a in s.arguments if a.name in n.kwargs)]]
+        written = list(dict.fromkeys(o for a, v in given if a.alias_info is not None and a.alias_info.is_write
+                                     for o in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(o, fx.Node)))
+    if not written and n.op in ("call_function", "call_method") and _name(n.target) in _VIEWS_OF_EACH:
+        return n.all_input_nodes
+    return written or n.all_input_nodes[:1]
 
 
 def _depths(graph: fx.Graph, free: Callable[[fx.Node], bool] = lambda n: False,

@@ -44,7 +44,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_leaves
 
-from optimus_egg.shapes import is_shape_check
+from optimus_egg.shapes import is_shape_check, share_elements
 
 __all__ = [
     "Launches",
@@ -591,16 +591,7 @@ def aliased_outputs(outputs: Any, inputs: Sequence[Any]) -> int:
 
 
 def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Do two tensors share an element of memory? Their offsets in one storage compared
-    exactly; their spans, where their element sizes differ or the storage is over 2**24
-    elements (an over-count only where strided pieces interleave)."""
+    """Do two tensors share an element of memory (one storage: shapes.share_elements)?"""
     if a.device != b.device or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    if a.element_size() != b.element_size() or a.untyped_storage().nbytes() // a.element_size() > 2 ** 24:
-        spans = [(t.storage_offset() * t.element_size(),
-                  (t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size())
-                 for t in (a, b)]
-        return spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
-    size = a.untyped_storage().nbytes() // a.element_size()
-    offsets = [torch.arange(size).as_strided(t.shape, t.stride(), t.storage_offset()).flatten() for t in (a, b)]
-    return bool(torch.isin(offsets[0], offsets[1]).any())
+    return share_elements(a, b)

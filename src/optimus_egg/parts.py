@@ -39,7 +39,7 @@ from torch import fx
 
 from optimus_egg.extract.launch_cost import VIEW_TARGETS
 from optimus_egg.from_fx import (GLOBAL_STATE, GRAD_REACH, PART, WRITTEN, _grad_reach, _name, _returns_input,
-                                 is_mutation, written_aliases)
+                                 _written_operands, is_mutation, written_aliases)
 from optimus_egg.from_fx import _is_view as _aliases_its_input
 from optimus_egg.shapes import _fetch, _meta_value, _run
 
@@ -374,12 +374,10 @@ def _body_writes_input(body: fx.GraphModule) -> bool:
                     and any(_body_writes_input(b) for b in called)):
                 return True
             continue
-        first = n.all_input_nodes[:1]
-        if not first or first[0] not in aliased:
-            continue
-        if is_mutation(n, modules):
+        if is_mutation(n, modules) and any(w in aliased for w in _written_operands(n)):
             return True
-        if _aliases_its_input(n) or _returns_input(n, modules):
+        first = n.all_input_nodes[:1]
+        if first and first[0] in aliased and (_aliases_its_input(n) or _returns_input(n, modules)):
             aliased.add(n)
     return False
 

@@ -15,12 +15,14 @@ import numbers
 import threading
 import time
 import warnings
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 from torch.fx.graph_module import _copy_attr
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from optimus_egg import hoist, ops, parts, worker
 from optimus_egg.extract.fusion_cost import MAY_COPY, fused_launches, loops_work, node_kind
@@ -30,10 +32,11 @@ from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, eleme
                                              elementwise_linear, elementwise_matmul, gemm_macs, launch_cost, linear_macs, loop_work,
                                              scalar_gemm_price, scalar_loops)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
-from optimus_egg.from_fx import GRAD_REACH, Lowered, _grad_reach, _may_share, _name, _place, from_fx
+from optimus_egg.from_fx import (ANYWHERE, GRAD_REACH, Lowered, _grad_reach, _may_share, _name, _place, from_fx,
+                                 is_mutation, written_aliases)
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
-from optimus_egg.shapes import buffers_kept, check_inputs, guard_example_shapes, state_kept
+from optimus_egg.shapes import _fetch, buffers_kept, check_inputs, guard_example_shapes, share_elements, state_kept
 from optimus_egg.to_fx import graph_module, prepare, to_fx
 
 # The report of every optimize() call at INFO (how to see it through torch.compile).
@@ -384,6 +387,28 @@ def optimize(gm: fx.GraphModule, example_inputs, budget_s: float = 1.0, *, stric
     return result
 
 
+def _writes_shared_memory(gm: fx.GraphModule, inputs: list) -> bool:
+    """Does gm write into an input or a parameter (or a view of one) that shares an element
+    with another input or parameter (`f(x, x[1:])`; two items of one unbind share a storage
+    but no element)? The ordering of reads and writes (from_fx) takes distinct inputs and
+    parameters for distinct memory."""
+    modules = dict(gm.named_modules())
+    mutated = [n for n in gm.graph.nodes if is_mutation(n, modules)]
+    if not mutated:
+        return False
+    values = dict(zip(gm.graph.find_nodes(op="placeholder"), inputs))
+    values.update((n, _fetch(gm, n.target)) for n in gm.graph.find_nodes(op="get_attr"))
+    leaves = [(n, t) for n, t in values.items() if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes()]
+    seen = {id(t) for _, t in leaves}
+    leaves += [(None, t) for t in [*gm.parameters(), *gm.buffers()] if id(t) not in seen]  # (a module's own)
+    by_storage: dict = defaultdict(list)
+    for n, t in leaves:
+        by_storage[StorageWeakRef(t.untyped_storage())].append((n, t))
+    written = written_aliases(gm.graph, modules, mutated)
+    return any(n in written and any(share_elements(t, u) for j, (_, u) in enumerate(group) if j != i)
+               for group in by_storage.values() for i, (n, t) in enumerate(group))
+
+
 # What Dynamo records on its GraphModule besides its meta (torch/_dynamo/output_graph.py)
 _CAPTURE_ATTRS = ("_param_name_to_source", "_source_to_user_stacks", "compile_subgraph_reason", "_backend_id")
 
@@ -421,6 +446,10 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
         return gm
     if budget_s > 0 and parts.writes_a_body_input(gm):
         report.kept_input = "a graph calling a body that writes into its inputs stays as it is"
+        return gm
+    if budget_s > 0 and _writes_shared_memory(gm, inputs):
+        report.kept_input = ("a graph writing into an input or a parameter that shares memory with another stays "
+                             "as it is")
         return gm
     if parts.has_state_changes(gm) or (budget_s > 0 and parts.bodies(gm)):
         return _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training, buffer_reuse, hoisted)
@@ -573,12 +602,13 @@ def _must_overlap(a: tuple, b: tuple) -> bool:
     """Do two _storage places surely share memory? One root, one's views those the other
     starts with, spelled alike, and none that may copy."""
     m = min(len(a[1]), len(b[1]))
-    return (a[0] is b[0] and a[1][:m] == b[1][:m]
+    return (a[0] is b[0] and a[0] is not ANYWHERE and a[1][:m] == b[1][:m]
             and not any(v[0] in MAY_COPY for v in a[1] + b[1]))
 
 
 def _leaf(place: tuple) -> bool:
-    return isinstance(place[0], fx.Node) and place[0].op in ("placeholder", "get_attr")
+    """May the place be a graph input's or a parameter's?"""
+    return place[0] is ANYWHERE or isinstance(place[0], fx.Node) and place[0].op in ("placeholder", "get_attr")
 
 
 def copy_new_aliases(gm: fx.GraphModule, out: fx.GraphModule) -> int:

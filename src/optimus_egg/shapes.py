@@ -264,6 +264,21 @@ def rows_strided(v) -> bool:
     return type(shape[-1]) is int and shape[-1] > 1 and stride[-1] != 1
 
 
+def share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do two tensors of one storage (the caller checks that) share an element? Their offsets
+    compared exactly; their spans, where their element sizes differ or the storage is over
+    2**24 elements (an over-count only where strided pieces interleave). Sizes, strides and
+    offsets only: fake tensors too."""
+    if a.element_size() != b.element_size() or a.untyped_storage().nbytes() // a.element_size() > 2 ** 24:
+        spans = [(t.storage_offset() * t.element_size(),
+                  (t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size())
+                 for t in (a, b)]
+        return spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
+    size = a.untyped_storage().nbytes() // a.element_size()
+    offsets = [torch.arange(size).as_strided(t.shape, t.stride(), t.storage_offset()).flatten() for t in (a, b)]
+    return bool(torch.isin(offsets[0], offsets[1]).any())
+
+
 def propagate_shapes(gm: fx.GraphModule, inputs: list, mutates: bool) -> dict[fx.Node, Any]:
     """node -> example value (or its Meta) for every node, from meta or by propagation.
 
