@@ -1308,12 +1308,13 @@ _UNLISTED_VIEWS = {
 
 
 class _ReadsOfAViewAroundAWrite(nn.Module):
-    """Three linears of a view of x before `x.add_(1)` and the same three after."""
+    """Three linears of a view of x before `x.add_(1)` and the same three after; `through`:
+    three linears of x around a write through the view."""
 
-    def __init__(self, view):
+    def __init__(self, view, through: bool):
         super().__init__()
-        self.view = view
-        width = self.viewed(torch.zeros(4, 6), torch.zeros(4, 6)).shape[-1]
+        self.view, self.through = view, through
+        width = 6 if through else self.viewed(torch.zeros(4, 6), torch.zeros(4, 6)).shape[-1]
         self.lin = nn.ModuleList(nn.Linear(width, 5, bias=False) for _ in range(3))
 
     def viewed(self, x, y):
@@ -1321,19 +1322,22 @@ class _ReadsOfAViewAroundAWrite(nn.Module):
 
     def forward(self, x, y):
         v = self.viewed(x, y)
-        before = [lin(v) for lin in self.lin]
-        x.add_(1.0)
-        after = [lin(v) for lin in self.lin]
+        read, written = (x, v) if self.through else (v, x)
+        before = [lin(read) for lin in self.lin]
+        written.add_(1.0)
+        after = [lin(read) for lin in self.lin]
         return sum(before), sum(after)
 
 
+@pytest.mark.parametrize("through", [False, True], ids=["into-the-base", "through-the-view"])
 @pytest.mark.parametrize("view", list(_UNLISTED_VIEWS))
-def test_reads_of_a_view_stay_on_their_side_of_a_write_into_its_base(view):
-    """Each view op is one written_aliases follows: the linears of the view stay ordered on
-    their side of the write (taken for one, they made both outputs equal), and every value, the
-    written x included, is the input graph's bit for bit."""
+def test_reads_of_a_view_stay_on_their_side_of_a_write_into_its_base(view, through):
+    """Each view op is one written_aliases follows, both ways: the linears of the view (of the
+    base, where the write goes through the view) stay ordered on their side of the write
+    (taken for one, they made both outputs equal), and every value, the written x included,
+    is the input graph's bit for bit."""
     torch.manual_seed(0)
-    gm = fx.symbolic_trace(_ReadsOfAViewAroundAWrite(_UNLISTED_VIEWS[view]).eval())
+    gm = fx.symbolic_trace(_ReadsOfAViewAroundAWrite(_UNLISTED_VIEWS[view], through).eval())
     v = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
              or n.op in ("call_method", "call_module"))
     assert from_fx._is_view(v), v
