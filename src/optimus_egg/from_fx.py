@@ -369,6 +369,7 @@ def _aten_schemas(name: str) -> tuple:
     return tuple(getattr(packet, o)._schema for o in packet.overloads())
 
 
+@functools.lru_cache(maxsize=None)
 def _aten_view(name: str) -> bool:
     """Does the ATen op of this name return an alias of an operand: a return with alias info
     in an overload that writes nothing?"""
