@@ -13,8 +13,9 @@ the copies in it whose results the rest of the graph reads (not what it returns,
 of a parameter it writes into); `compile_hoisted` computes those
 apart, compiles the rest with them as extra inputs, and returns a `Hoisted` callable that
 computes them again before a call where any parameter they read is another tensor, has other
-storage (`data_ptr`, as after `p.data = ...`) or another version (every in-place write bumps
-it: an optimizer step, `load_state_dict`, `p.add_(1)` under no_grad). Views of parameters stay
+storage (`data_ptr`, as after `p.data = ...`) or another version (an in-place write into the
+parameter bumps it: an optimizer step, `load_state_dict`, `p.add_(1)` under no_grad; one through
+`p.data`, whose tensor counts its own versions, does not, and is not seen: README, Not promised). Views of parameters stay
 in the graph (free there). Inference only: a graph that computes gradients needs the stacks
 in it, as autograd nodes. The backend does this unless `backend(hoist=False)`, and not for a CUDA
 graph with CUDA graphs on (Inductor would copy each hoisted input into its static buffer on every
