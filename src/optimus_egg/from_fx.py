@@ -327,7 +327,8 @@ def _side_writes(node: fx.Node, modules: dict | None) -> list[fx.Node] | None:
 
 def _result_written(node: fx.Node) -> bool:
     """Is a write's result the tensor it writes into (an in-place op's, an `out=` write's),
-    not a value of its own (_SIDE_WRITES', an ATen op's returning a new tensor or nothing)?"""
+    not a value of its own (a _SIDE_WRITES call's, an ATen op's returning a new tensor or
+    nothing)?"""
     if _side_writes(node, None) is not None:
         return False
     if isinstance(node.target, torch._ops.OpOverload):

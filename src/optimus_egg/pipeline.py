@@ -398,9 +398,12 @@ def _writes_shared_memory(gm: fx.GraphModule, inputs: list) -> bool:
         return False
     values = dict(zip(gm.graph.find_nodes(op="placeholder"), inputs))
     values.update((n, _fetch(gm, n.target)) for n in gm.graph.find_nodes(op="get_attr"))
-    leaves = [(n, t) for n, t in values.items() if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes()]
+    def dense(t) -> bool:
+        return isinstance(t, torch.Tensor) and t.layout == torch.strided and t.untyped_storage().nbytes() > 0
+
+    leaves = [(n, t) for n, t in values.items() if dense(t)]
     seen = {id(t) for _, t in leaves}
-    leaves += [(None, t) for t in [*gm.parameters(), *gm.buffers()] if id(t) not in seen]  # (a module's own)
+    leaves += [(None, t) for t in [*gm.parameters(), *gm.buffers()] if id(t) not in seen and dense(t)]  # (a module's own)
     by_storage: dict = defaultdict(list)
     for n, t in leaves:
         by_storage[StorageWeakRef(t.untyped_storage())].append((n, t))
