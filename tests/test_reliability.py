@@ -1285,6 +1285,35 @@ def test_an_item_of_a_tuple_out_write_lies_in_its_out_tensor():
     assert from_fx._place(narrow, None) == (by_name["i"], (("narrow", (0, 0, 1), ()),))
 
 
+class _PiecesWrittenOut(nn.Module):
+    """The pieces of a split given whole to a cat and a stack that write into `out=`, as
+    symbolic_trace writes `torch.cat(torch.split(x, 3, 1), 1, out=c)`; the pieces also feed
+    three linears, which batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.ModuleList(nn.Linear(3, 5) for _ in range(3))
+
+    def forward(self, x, c, s):
+        p = torch.split(x, 3, 1)
+        torch.cat(p, 1, out=c)
+        torch.stack(p, out=s)
+        return [lin(p[k]) for k, lin in enumerate(self.lin)], c * 2.0, s.sum(0)
+
+
+def test_pieces_given_whole_to_an_out_write_are_passed_item_by_item():
+    """An ordered effect (here a write into `out=`) that takes a tuple of pieces whole gets
+    one operand per item (from_fx._Lowerer.abstract); it raised Unsupported ("tuple value
+    split used whole") and the graph came back unoptimized. The linears of the pieces batch,
+    and outputs and the written c and s match the input graph's up to the batch's rounding."""
+    torch.manual_seed(0)
+    gm = fx.symbolic_trace(_PiecesWrittenOut().eval())
+    out, report = _optimize_exact(gm, torch.randn(2, 9), torch.empty(2, 9), torch.empty(3, 2, 3), exact=False)
+    assert report.groups, report
+    assert [n.target for n in out.graph.nodes if "out" in n.kwargs] == [torch.cat, torch.stack]
+    assert calls(out, ops.batched_linear) == 1
+
+
 # Views whose ops are in no list of from_fx's: found by their ATen schemas (_aten_view) or, for
 # composite ops whose schemas say nothing, listed (_MAY_ALIAS; _VIEWS_OF_EACH view every operand),
 # and the modules that return a view.
@@ -1295,6 +1324,7 @@ _UNLISTED_VIEWS = {
     "tensor_split": lambda x, y: x.tensor_split(2, dim=1)[1],
     "adjoint": lambda x, y: x.adjoint(),
     "aten.alias": lambda x, y: torch.ops.aten.alias(x),
+    "aten._unsafe_view": lambda x, y: torch.ops.aten._unsafe_view.default(x, [6, 4]),
     "atleast_2d": lambda x, y: torch.atleast_2d(x),
     "sum_to_size": lambda x, y: x.sum_to_size(4, 6),
     "einsum": lambda x, y: torch.einsum("ij->ij", x),
@@ -1342,6 +1372,33 @@ def test_reads_of_a_view_stay_on_their_side_of_a_write_into_its_base(view, throu
              or n.op in ("call_method", "call_module"))
     assert from_fx._is_view(v), v
     out, _ = _optimize_exact(gm, torch.randn(4, 6), torch.randn(4, 6))
+    before, after = _run(out, [torch.randn(4, 6), torch.randn(4, 6)])[0]
+    assert not torch.equal(before, after)
+
+
+class _ReadsAroundASet(nn.Module):
+    """Three linears of y before `x.set_(y); x.add_(1)` and the same three after: the write
+    into x goes into y's memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.ModuleList(nn.Linear(6, 5, bias=False) for _ in range(3))
+
+    def forward(self, x, y):
+        before = [lin(y) for lin in self.lin]
+        x.set_(y)
+        x.add_(1.0)
+        after = [lin(y) for lin in self.lin]
+        return sum(before), sum(after)
+
+
+def test_a_graph_that_sets_a_tensor_into_another_keeps_the_graph():
+    """After `x.set_(y)` a write into x is a write into y, which no place says: the graph
+    stays as it is (report.kept_input; the linears of y on both sides of the write, taken
+    for one, made both outputs equal), and every value is the input graph's."""
+    torch.manual_seed(0)
+    out, report = _optimize_exact(_ReadsAroundASet().eval(), torch.randn(4, 6), torch.randn(4, 6))
+    assert "Tensor.set_" in report.kept_input
     before, after = _run(out, [torch.randn(4, 6), torch.randn(4, 6)])[0]
     assert not torch.equal(before, after)
 

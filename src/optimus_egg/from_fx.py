@@ -170,7 +170,8 @@ _VIEWS_OF_EACH = {"atleast_1d", "atleast_2d", "atleast_3d", "broadcast_tensors",
 _MAY_ALIAS = {"to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool",
               "cpu", "cuda", "expand_as", "swapaxes", "swapdims", "view_as_real", "view_as_complex",
               "byte", "char", "short", "cfloat", "cdouble", "chalf", "to_dense", "conj_physical", "einsum",
-              "sum_to_size", "unsafe_split", "unsafe_chunk", "unsafe_split_with_sizes", *_VIEWS_OF_EACH}
+              "sum_to_size", "unsafe_split", "unsafe_chunk", "unsafe_split_with_sizes", "_unsafe_view",
+              *_VIEWS_OF_EACH}
 _VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}  # x.T traces as getattr(x, "T")
 # Calls that set global state for the nodes after them (Dynamo's `with torch.no_grad()`,
 # `torch.autocast`, `torch.inference_mode`, ...): the e-graph keeps no order that could hold
@@ -348,9 +349,9 @@ def _is_view(node: fx.Node) -> bool:
             return True
         if node.target is getattr:
             return node.args[1] in _VIEW_ATTRS
-        if isinstance(node.target, torch._ops.OpOverload):
-            return bool(node.target._schema.returns and node.target._schema.returns[0].alias_info)
         name = _name(node.target)
+        if isinstance(node.target, torch._ops.OpOverload):  # (aten._unsafe_view's schema says no alias)
+            return bool(node.target._schema.returns and node.target._schema.returns[0].alias_info) or name in _MAY_ALIAS
         return name in _VIEW_METHODS or name in _MAY_ALIAS or _aten_view(name)
     return False
 
@@ -375,6 +376,11 @@ def _aten_view(name: str) -> bool:
     """Does the ATen op of this name return an alias of an operand: a return with alias info
     in an overload that writes nothing?"""
     return any(not s.is_mutable and any(r.alias_info is not None for r in s.returns) for s in _aten_schemas(name))
+
+
+def rebinds_memory(node: fx.Node) -> bool:
+    """`x.set_(y)`: from here on x lies in y's memory, which no place (_place) can say."""
+    return node.op in ("call_function", "call_method") and _name(node.target) == "set_"
 
 
 def _returns_input(node: fx.Node, modules: dict | None = None) -> bool:
@@ -663,10 +669,18 @@ class _Lowerer:
         return len(self.templates) - 1
 
     def abstract(self, node: fx.Node):
-        """Replace node operands by Slots; returns (args, kwargs, operand nodes)."""
-        operands: list[fx.Node] = []
+        """Replace node operands by Slots; returns (args, kwargs, operands). An operand is a
+        node, or (src, i) for item i of a tuple-valued `src` given whole (`torch.cat(torch.split(
+        x, 3), out=c)`): that argument becomes a list of one Slot per item."""
+        operands: list = []
 
         def sub(a):
+            if isinstance(a, fx.Node) and a in self.pieces:
+                count = self.piece_count(a)
+                if count is None:
+                    raise Unsupported(f"{node.name} takes {a.name} whole, and its length is unknown")
+                operands.extend((a, i) for i in range(count))
+                return [Slot(len(operands) - count + i) for i in range(count)]
             if isinstance(a, fx.Node):
                 operands.append(a)
                 return Slot(len(operands) - 1)
@@ -737,7 +751,7 @@ class _Lowerer:
 
     def opaque(self, n: fx.Node, deps: list, shared: bool = False):
         args, kwargs, operands = self.abstract(n)
-        values = [self.operand(a) for a in operands]
+        values = [self.item(*a) if isinstance(a, tuple) else self.operand(a) for a in operands]
         tid = self.template(n.op, n.target, args, kwargs, shared and not deps, n_deps=len(deps),
                             contiguous=self.keeps_layout(n, operands))
         if shared and not deps and not kwargs and args == (Slot(0), Slot(1)) and _is_matmul(n):

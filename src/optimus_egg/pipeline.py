@@ -33,7 +33,7 @@ from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, eleme
                                              scalar_gemm_price, scalar_loops)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import (ANYWHERE, GRAD_REACH, Lowered, _grad_reach, _may_share, _name, _place, from_fx,
-                                 is_mutation, written_aliases)
+                                 is_mutation, rebinds_memory, written_aliases)
 from optimus_egg.rules import RULESETS, SCHEDULE_ORDER, rule_names, without
 from optimus_egg.saturate import Limits, SaturationReport, egraph_nodes, saturate, warm
 from optimus_egg.shapes import _fetch, buffers_kept, check_inputs, guard_example_shapes, share_elements, state_kept
@@ -449,6 +449,9 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
         return gm
     if budget_s > 0 and parts.writes_a_body_input(gm):
         report.kept_input = "a graph calling a body that writes into its inputs stays as it is"
+        return gm
+    if budget_s > 0 and any(rebinds_memory(n) for n in gm.graph.nodes):
+        report.kept_input = "a graph that moves a tensor into another's memory (Tensor.set_) stays as it is"
         return gm
     if budget_s > 0 and _writes_shared_memory(gm, inputs):
         report.kept_input = ("a graph writing into an input or a parameter that shares memory with another stays "
