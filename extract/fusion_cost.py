@@ -21,7 +21,10 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   op, and any random op adds one fallback call that draws the graph's seeds;
 - given shapes, a GEMM that Inductor's CPU decompositions compute as elementwise code (a
   one-row linear with K, N <= 16, a dot product, a small outer product, a batched
-  matrix-vector product: launch_cost.py) computes like an elementwise op.
+  matrix-vector product: launch_cost.py) computes like an elementwise op;
+- given shapes, on CPU, `mm(a, b) + t` (a 2-D matmul or bias-less linear whose one reader is
+  the add) is one addmm(t, a, b) (Inductor's post-grad pattern; of `mm1 + mm2` the second):
+  code where a has one row and b is at most 16 x 16, else a call that the add is part of.
 
 On CPU (`launch_cost.CPU_TABLES`: "cpu", and "cpu_loops" for a compile with small GEMMs as
 loops) the kernels are then counted as Inductor's C++ backend writes them with the backend's
@@ -112,6 +115,12 @@ def fused_launches(gm: fx.GraphModule | fx.Graph, shape_of: Callable[[fx.Node], 
         leafy[n] = all(leafy.get(a, False) for a in ins) and kind[n] != "extern"
 
     cpu = table in CPU_TABLES
+    if cpu and shape_of is not None:  # `mm(a, b) + t` is one call, addmm(t, a, b): the add is
+        # the call, the mm a view of its operands (`_folded_add`)
+        for n in [n for n, k in kind.items() if k == "extern"]:
+            add = _folded_add(n, modules, shape_of)
+            if add is not None and add in kind:
+                kind[n], kind[add], leafy[add] = "view", "extern", False
     parent: dict[fx.Node, fx.Node] = {}
 
     def find(x):
@@ -417,7 +426,9 @@ def _gemm_operands(n: fx.Node, name: str, modules: dict, shape_of: Callable[[fx.
         return strided_of is not None and isinstance(a, fx.Node) and strided_of(a)
 
     if name in ("mm", "bmm", "matmul") and len(n.args) >= 2:
-        return name, shape(n.args[0]), shape(n.args[1]), False, strided(n.args[0]) and strided(n.args[1])
+        a, b = shape(n.args[0]), shape(n.args[1])
+        bias = bool(a and b and len(a) == len(b) == 2 and _bias_by_add(n, (a[0], b[1]), modules, shape))
+        return name, a, b, bias, strided(n.args[0]) and strided(n.args[1])
     if name == "batched_linear" and len(n.args) >= 2:
         bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("b")
         return name, shape(n.args[0]), shape(n.args[1]), bias is not None, False
@@ -429,7 +440,8 @@ def _gemm_operands(n: fx.Node, name: str, modules: dict, shape_of: Callable[[fx.
     else:
         x, w = shape(n.args[0]), shape(n.args[1])
         bias = (n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")) is not None
-    return name, x, w, bias or _bias_by_add(n, x, w, modules, shape), strided(n.args[0])
+    two_d = bool(x and w and len(x) == len(w) == 2)
+    return name, x, w, bias or (two_d and _bias_by_add(n, (x[0], w[0]), modules, shape)), strided(n.args[0])
 
 
 def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[fx.Node], Shape | None],
@@ -443,7 +455,7 @@ def _elementwise_gemm(n: fx.Node, name: str, modules: dict, shape_of: Callable[[
         return elementwise_linear(a, b, bias, table, strided)
     if kind == "batched_linear":
         return elementwise_batched_linear(a, b, bias, table)
-    return elementwise_matmul(a, b, table, strided)
+    return elementwise_matmul(a, b, table, strided, bias)
 
 
 def loops_work(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None], table: str,
@@ -465,19 +477,55 @@ def loops_work(gm: fx.GraphModule, shape_of: Callable[[fx.Node], Shape | None], 
     return total
 
 
-def _bias_by_add(n: fx.Node, x: Shape | None, w: Shape | None, modules: dict,
-                 shape: Callable[[object], Shape | None]) -> bool:
-    """Does Inductor fold an add into this bias-less 2-D linear as its bias? Its post-grad
-    pattern turns `mm(a, b) + t` into `addmm(t, a, b)` where the mm has no other reader and
-    `t` is a tensor that expands to the product's shape (dtypes are equal in these graphs);
-    the addmm's decomposition may then make it elementwise code."""
-    if not x or not w or len(x) != 2 or len(w) != 2 or len(n.users) != 1:
+def _bias_by_add(n: fx.Node, out: Shape, modules: dict, shape: Callable[[object], Shape | None]) -> bool:
+    """Does Inductor fold an add into this bias-less 2-D GEMM (`out`: its result's shape) as its
+    bias? Its post-grad pattern turns `t + mm(a, b)` (tried first) or `mm(a, b) + t` into
+    `addmm(t, a, b)` where the mm has no other reader and `t` is a tensor that expands to the
+    product's shape (dtypes are equal in these graphs); the addmm's decomposition may then
+    make it elementwise code. Of `mm1 + mm2` it folds mm2 where mm1 expands to its shape."""
+    if len(n.users) != 1:
         return False
     (add,) = n.users
     if add.op not in ("call_function", "call_method") or _target_name(add, modules) != "add" \
-            or add.kwargs or len(add.args) != 2:
+            or add.kwargs or len(add.args) != 2 or add.args[0] is add.args[1]:
         return False
     other = add.args[1] if add.args[0] is n else add.args[0]
-    t = shape(other) if isinstance(other, fx.Node) and other is not n else None
-    out = (x[0], w[0])
-    return t is not None and len(t) <= 2 and all(a in (1, b) for a, b in zip(reversed(t), reversed(out)))
+    if not (isinstance(other, fx.Node) and _expands(shape(other), out)):
+        return False
+    if other is add.args[1]:  # `n + other`: `other + ...` is tried first where other is such a GEMM too
+        other_out = _plain_mm_out(other, modules, shape)
+        return other_out is None or not _expands(out, other_out)
+    return True
+
+
+def _folded_add(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None]) -> fx.Node | None:
+    """The add Inductor folds into the GEMM `n` as its bias (`_bias_by_add`), or None."""
+    def shape(a):
+        return shape_of(a) if isinstance(a, fx.Node) else None
+
+    out = _plain_mm_out(n, modules, shape, one_reader=False)
+    return next(iter(n.users)) if out is not None and _bias_by_add(n, out, modules, shape) else None
+
+
+def _expands(t: Shape | None, out: Shape) -> bool:
+    return t is not None and len(t) <= len(out) and all(a in (1, b) for a, b in zip(reversed(t), reversed(out)))
+
+
+def _plain_mm_out(m: fx.Node, modules: dict, shape: Callable[[object], Shape | None],
+                  one_reader: bool = True) -> Shape | None:
+    """The result shape of `m` where Inductor sees an ATen mm (a 2-D matmul, a bias-less
+    linear of a 2-D input), with one reader unless not `one_reader`; None for any other node."""
+    if (one_reader and len(m.users) != 1) or m.op not in ("call_function", "call_method", "call_module"):
+        return None
+    name = _target_name(m, modules)
+    if name in ("mm", "matmul") and len(m.args) == 2:
+        a, b = shape(m.args[0]), shape(m.args[1])
+        return (a[0], b[1]) if a and b and len(a) == len(b) == 2 else None
+    if name != "linear":
+        return None
+    if m.op == "call_module":
+        x, w, bias = shape(m.args[0]), tuple(modules[m.target].weight.shape), modules[m.target].bias is not None
+    else:
+        x, w = shape(m.args[0]), shape(m.args[1]) if len(m.args) > 1 else None
+        bias = (m.args[2] if len(m.args) > 2 else m.kwargs.get("bias")) is not None
+    return (x[0], w[0]) if x and w and len(x) == len(w) == 2 and not bias else None

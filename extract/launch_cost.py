@@ -163,7 +163,7 @@ def elementwise_linear(x: tuple[int, ...] | None, w: tuple[int, ...] | None, bia
 
 
 def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, table: str = "cpu",
-                       strided: bool = False) -> bool:
+                       strided: bool = False, bias: bool = False) -> bool:
     """Is mm / bmm / matmul(a, b) one Inductor computes as elementwise code on this target? On
     CPU its decompositions turn a dot product ([1, K] @ [K, 1]) and a small outer product
     ([M, 1] @ [1, N], at most 32 elements in) into multiplies and a sum; its bmm lowering does
@@ -172,7 +172,9 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
     ([B, M, 1] @ [B, 1, N]). With the loops (LOOP_LIMITS) every product of at most the limit
     multiply-adds is, whose second operand is a matrix or has the first's batch dims, unless
     `strided`: neither operand's rows are contiguous (shapes.rows_strided), so the loops would
-    not vectorize."""
+    not vectorize. `bias`: Inductor folds an add into a 2-D product as its bias (an addmm),
+    whose decomposition computes [1, K] @ [K, N] with K, N <= 16 as elementwise code, as for a
+    linear (SMALL_ADDMM)."""
     macs = gemm_macs(a, b)
     if macs is not None and loops_gemm(macs, table, scalar=strided):
         return True
@@ -180,7 +182,7 @@ def elementwise_matmul(a: tuple[int, ...] | None, b: tuple[int, ...] | None, tab
         return False
     if len(a) == 3:
         return a[1] == 1 or b[2] == 1 or (a[2] == 1 and b[1] == 1)
-    if a[0] == 1 and b[1] == 1:
+    if a[0] == 1 and (b[1] == 1 or (bias and b[0] <= SMALL_ADDMM and b[1] <= SMALL_ADDMM)):
         return True
     return a[1] == 1 and a[0] != 1 and b[1] != 1 and a[0] + b[1] <= 32
 

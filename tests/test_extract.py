@@ -747,6 +747,35 @@ def test_fused_launches_sees_an_add_folded_into_a_one_row_linear():
     assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == measured.total
 
 
+_FOLDED_MATMUL_ADDS = {
+    # [1, 8] @ [8, 8] + r is an addmm, which Inductor's CPU decomposition writes as code
+    "one-row": (lambda x, y, w, a: torch.tanh(x @ w + y), 0),
+    # of `mm1 + mm2` the second is folded (into code), the first stays a call
+    "two-one-row": (lambda x, y, w, a: torch.tanh(x @ w + y @ w), 1),
+    "two-one-row-linears": (lambda x, y, w, a: torch.tanh(F.linear(x, w) + F.linear(y, w)), 1),
+    # a [4, 8] @ [8, 8] + a is one call (addmm): no kernel of its own for the add after it
+    "into-a-call": (lambda x, y, w, a: torch.tanh(a) @ w + a, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(_FOLDED_MATMUL_ADDS))
+def test_fused_launches_sees_an_add_folded_into_a_matmul(case):
+    """Inductor folds `mm(a, b) + t` into addmm(t, a, b) for a 2-D matmul as for a bias-less
+    linear: the one-row products fuse with their neighbours, and an add folded into a call
+    that stays a call is no code of its own (fusion_cost._folded_add). The estimate counts
+    what Inductor compiles (before, it took each matmul for a call and each add for code)."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    fn, calls = _FOLDED_MATMUL_ADDS[case]
+    inputs = [torch.randn(1, 8), torch.randn(1, 8), torch.randn(8, 8), torch.randn(4, 8)]
+    gm = fx.symbolic_trace(fn)
+    with torch.no_grad():
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
+    assert measured.extern == calls
+    assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == measured.total
+
+
 def test_own_ops_cost_what_their_constructors_cost():
     # A graph optimus_egg already optimized holds its batched ops as template calls.
     assert launch_cost("call", "batched_linear") == launch_cost("batched_linear") == 1.0
