@@ -241,6 +241,11 @@ def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
             k, d = FREE, d
         else:
             k, d = (CALL if k == "extern" else CODE), set().union(*map(feeds, n.all_input_nodes))
+            copied, add = _gemm_of_strided(n, modules, shape_of) if k == CALL and shape_of else (None, False)
+            if copied is not None:
+                d.add(item(CODE, feeds(copied)))  # the copy of its operand, code waiting on that operand alone
+            if add:  # the call, then the bias add: code reading its result, which n's readers wait on
+                k, d = CODE, {item(CALL, d)}
         index[n] = item(k, d | ({0} if draws_random(n, modules) else set()))
     phase = latest_phases(kinds, deps)
     runs: dict[int, list[fx.Node]] = {}  # code phase -> its computed nodes, in graph order
@@ -351,22 +356,88 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
     """Does this reshape (flatten, contiguous) copy? It does where its operand's strides, from
     a permute or transpose before it, allow no view: eagerly (so in the graph Inductor
     compiles) it is a clone, which Inductor computes as elementwise code (interformer's
-    heads, `movedim` then `flatten`, before their output projection). The view ops from the
-    nearest computed value (taken as contiguous) are replayed on meta tensors."""
+    heads, `movedim` then `flatten`, before their output projection)."""
+    chain = _view_chain(n, modules)
+    if chain is None or not any(_target_name(c, modules) in _REORDERS for c in chain[1:-1]):
+        return False
+    values = _replayed(chain, modules, shape_of)
+    out = values.get(n)  # (chain[1], n's operand, exists: it holds the reorder)
+    return isinstance(out, torch.Tensor) and out is not values[chain[1]] and not out._is_view()
+
+
+def _gemm_of_strided(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None]
+                     ) -> tuple[fx.Node | None, bool]:
+    """(the operand copied before the call, a bias add after it) for a linear (or a matmul by
+    a matrix) of a 3-D or wider operand that is not contiguous (a permute or transpose in the
+    views before it; computed values and graph inputs are taken as contiguous). ATen's
+    linear flattens only a contiguous operand into one addmm; otherwise it calls matmul and
+    adds the bias after, code reading the call's result. matmul flattens the operand to rows
+    where the weight requires a gradient, copying it where no view can (a clone, code waiting
+    on the operand: wukong's first projection of its transposed input), and otherwise calls
+    one bmm of it (`should_fold` in ATen's LinearAlgebra.cpp). A parameter's requires_grad is
+    read through views; a graph input's or a computed weight's is taken for False."""
+    name = _target_name(n, modules)
+    x = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
+    if name not in ("linear", "matmul") or x is None or x.op not in ("call_function", "call_method") \
+            or _target_name(x, modules) not in _CHAIN:
+        return None, False
+    shape = shape_of(x)
+    if n.op == "call_module":
+        mod = modules[n.target]
+        w, bias = getattr(mod, "weight", None), getattr(mod, "bias", None) is not None
+    else:
+        w = n.args[1] if len(n.args) > 1 else n.kwargs.get("weight" if name == "linear" else "other")
+        bias = name == "linear" and (n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")) is not None
+        if not isinstance(w, fx.Node) or (name == "matmul" and len(shape_of(w) or ()) != 2):
+            return None, False
+        while w.op in ("call_function", "call_method") and _target_name(w, modules) in _CHAIN and w.args \
+                and isinstance(w.args[0], fx.Node):
+            w = w.args[0]
+        w = _attribute(modules, w.target) if w.op == "get_attr" else None
+    if not shape or len(shape) < 3:
+        return None, False
+    chain = _view_chain(x, modules)
+    if chain is None or not any(_target_name(c, modules) in _REORDERS for c in chain[:-1]):
+        return None, False
+    v = _replayed(chain, modules, shape_of).get(x)
+    if not isinstance(v, torch.Tensor) or v.is_contiguous():
+        return None, False
+    copied = None
+    if isinstance(w, torch.Tensor) and w.requires_grad:
+        try:
+            v.view(-1, shape[-1])
+        except RuntimeError:
+            copied = x
+    return copied, bias
+
+
+def _attribute(modules: dict, target: str):
+    """A get_attr's value (a parameter, a buffer), from the graph's modules; None if unknown."""
+    owner, _, attr = target.rpartition(".")
+    return getattr(modules.get(owner), attr, None)
+
+
+def _view_chain(n: fx.Node, modules: dict) -> list[fx.Node] | None:
+    """n and the views before it, back to the nearest computed value (the last item)."""
     chain, a = [], n
     while True:
         src = a.args[0] if a.args and isinstance(a.args[0], fx.Node) else None
         if src is None:
-            return False
+            return None
         chain.append(a)
         if src.op not in ("call_function", "call_method", "call_module") or _target_name(src, modules) not in _CHAIN:
-            break
+            return chain + [src]
         a = src
-    if not any(_target_name(c, modules) in _REORDERS for c in chain[1:]):
-        return False
+
+
+def _replayed(chain: list[fx.Node], modules: dict, shape_of: Callable[[fx.Node], Shape | None]) -> dict:
+    """The views of `chain` (_view_chain) replayed on meta tensors from its computed value,
+    taken as contiguous: node -> meta value; {} where an op does not run on meta tensors or
+    a shape is unknown."""
+    src = chain[-1]
     shape = shape_of(src)
     if shape is None:
-        return False
+        return {}
     values: dict = {}
 
     def value(x):
@@ -379,7 +450,7 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
 
     try:  # (symbolic sizes' sentinels may overflow a meta tensor's storage size: a view, then)
         values[src] = torch.empty(shape, device="meta")
-        for c in reversed(chain):
+        for c in reversed(chain[:-1]):
             args, kwargs = fx.map_arg((c.args, c.kwargs), value)
             if c.op == "call_method":
                 values[c] = getattr(args[0], c.target)(*args[1:], **kwargs)
@@ -388,9 +459,8 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
             else:
                 values[c] = c.target(*args, **kwargs)
     except Exception:  # noqa: BLE001 (an op meta tensors do not run, an unknown shape: take it as a view)
-        return False
-    out = values[n]  # (chain[1], n's operand, exists: it holds the reorder)
-    return isinstance(out, torch.Tensor) and out is not values[chain[1]] and not out._is_view()
+        return {}
+    return values
 
 
 def _extern_paths(graph: fx.Graph, kind: dict[fx.Node, str]) -> Callable[[fx.Node, fx.Node], bool]:

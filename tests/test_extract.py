@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 import torch
 import torch.fx as fx
+import torch.nn as nn
 import torch.nn.functional as F
 from egglog import EGraph, Vec, union
 
@@ -774,6 +775,57 @@ def test_fused_launches_sees_an_add_folded_into_a_matmul(case):
         measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
     assert measured.extern == calls
     assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == measured.total
+
+
+class _TransposedLinears(nn.Module):
+    """Linears of transposed 3-D values, as wukong's projections: of the input ("input"), of
+    a computed value ("computed"), two of the input ("two"), one whose weight requires no
+    gradient ("frozen"), and a matmul by a parameter's transpose ("matmul")."""
+
+    def __init__(self, case: str):
+        super().__init__()
+        self.case = case
+        self.lin = nn.Linear(8, 5)
+        self.w = nn.Parameter(torch.randn(5, 8))
+        if case == "frozen":
+            self.lin.requires_grad_(False)
+
+    def forward(self, x):
+        t = x.transpose(1, 2)
+        if self.case == "computed":
+            return self.lin(torch.tanh(x).transpose(1, 2))
+        if self.case == "two":
+            return self.lin(t), F.linear(t, self.w)
+        if self.case == "matmul":
+            return t @ self.w.t()
+        return self.lin(t)
+
+
+# case -> Inductor's launches: the copy of the transposed input is a kernel of its own before
+# the mm, and the bias add one after it; a computed value's copy is code in the kernel
+# computing it; two copies of the input are one kernel; with a weight needing no gradient,
+# one bmm and no copy (the add after it still); a matmul has no bias to add
+_COPIED_GEMM_INPUTS = {"input": 3, "computed": 3, "two": 4, "frozen": 2, "matmul": 2}
+
+
+@pytest.mark.parametrize("case", list(_COPIED_GEMM_INPUTS))
+def test_fused_launches_sees_the_copy_of_a_gemm_input_no_view_flattens(case):
+    """A linear (or a matmul by a matrix) of a transposed 3-D input: ATen's linear adds the
+    bias after the call (code reading its result), and its matmul copies the input where the
+    weight requires a gradient (a clone, code Inductor fuses with its producer, or a kernel of
+    its own where the producer is a graph input; fusion_cost._gemm_of_strided). The
+    estimate counts both (before, it took the transpose for a view and the linear for one
+    addmm, and was one under on wukong's first projection)."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    launches = _COPIED_GEMM_INPUTS[case]
+    inputs = [torch.randn(4, 8, 16)]
+    gm = fx.symbolic_trace(_TransposedLinears(case).eval())
+    with torch.no_grad():
+        measured = compile_inductor(gm, inputs, config_patches=AS_BACKEND).launches
+    assert measured.total == launches
+    assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == launches
 
 
 def test_own_ops_cost_what_their_constructors_cost():
