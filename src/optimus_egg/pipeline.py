@@ -604,12 +604,20 @@ def _storage(n, modules: dict) -> tuple:
                   through=lambda m: m.target is ops.keep_grads)
 
 
+# Views that keep every element of what they view (a transpose, an unsqueeze, a view).
+_WHOLE_VIEWS = {"t", "transpose", "permute", "movedim", "moveaxis", "swapaxes", "swapdims", "unsqueeze",
+                "squeeze", "view", "view_as", "unflatten", "expand", "expand_as", "adjoint", "detach", "alias"}
+
+
 def _must_overlap(a: tuple, b: tuple) -> bool:
-    """Do two _storage places surely share memory? One root, one's views those the other
-    starts with, spelled alike, and none that may copy."""
+    """Do two _storage places surely share memory (where either has an element)? One root,
+    none of the views one that may copy, and one's views those the other starts with,
+    spelled alike, or one's views all keeping every element of the root (`x.t()` and a
+    split piece of `x`)."""
+    if a[0] is not b[0] or a[0] is ANYWHERE or any(v[0] in MAY_COPY for v in a[1] + b[1]):
+        return False
     m = min(len(a[1]), len(b[1]))
-    return (a[0] is b[0] and a[0] is not ANYWHERE and a[1][:m] == b[1][:m]
-            and not any(v[0] in MAY_COPY for v in a[1] + b[1]))
+    return a[1][:m] == b[1][:m] or any(all(v[0] in _WHOLE_VIEWS for v in p[1]) for p in (a, b))
 
 
 def _leaf(place: tuple) -> bool:
