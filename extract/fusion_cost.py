@@ -354,11 +354,13 @@ _CHAIN = _FREE_TARGETS | {"getitem", "dropout"}  # what a view chain passes thro
 
 def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None]) -> bool:
     """Does this reshape (flatten, contiguous) copy? It does where its operand's strides, from
-    a permute or transpose before it, allow no view: eagerly (so in the graph Inductor
-    compiles) it is a clone, which Inductor computes as elementwise code (interformer's
-    heads, `movedim` then `flatten`, before their output projection)."""
+    a permute or transpose before it (for `contiguous`, any view: a narrow too), allow no
+    view: eagerly (so in the graph Inductor compiles) it is a clone, which Inductor computes
+    as elementwise code (interformer's heads, `movedim` then `flatten`, before their output
+    projection)."""
     chain = _view_chain(n, modules)
-    if chain is None or not any(_target_name(c, modules) in _REORDERS for c in chain[1:-1]):
+    if chain is None or (_target_name(n, modules) != "contiguous"
+                         and not any(_target_name(c, modules) in _REORDERS for c in chain[1:-1])):
         return False
     values = _replayed(chain, modules, shape_of)
     out = values.get(n)  # (chain[1], n's operand, exists: it holds the reorder)

@@ -966,6 +966,43 @@ def test_outputs_that_alias_the_input_eagerly_stay_views_of_it():
     assert all(torch.equal(y, v) for y, v in zip(ys[:4], (x, x.t(), x[:, :4], x[:, 4:])))
 
 
+class _LinearsOfOneInput(nn.Module):
+    """Three linears of one value, returned: batched as one linear of the concatenated
+    weights, each is a column span of its result (strides (24, 1), eager's (8, 1))."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        y = torch.relu(x)
+        return [lin(y) for lin in self.lin]
+
+
+def test_outputs_keep_the_input_graphs_contiguity():
+    """An output the input graph returns contiguous comes back contiguous
+    (pipeline.keep_contiguous_outputs), optimized and through the backend, so `view` works on
+    it as eagerly; before, the column spans of the batched linear came back strided and
+    `view(-1)` raised. The fusion estimate counts the copy (3 launches without the GEMM
+    loops: the relu with the weights' cat, the linear, one kernel copying the three spans),
+    as Inductor compiles it."""
+    from optimus_egg.kernel_order import KERNEL_ORDER
+    from optimus_egg.measure import compile_inductor
+
+    torch.manual_seed(0)
+    model, x = _LinearsOfOneInput().eval(), torch.randn(4, 8)
+    gm = fx.symbolic_trace(model)
+    out, report = _optimize_exact(gm, x, exact=False)
+    with torch.no_grad():
+        for ys in (out(x), torch.compile(model, backend="optimus_egg")(x)):
+            torch.testing.assert_close([y.view(-1) for y in ys], [y.view(-1) for y in model(x)])
+            assert all(y.is_contiguous() for y in ys)
+        measured = compile_inductor(out, [x], config_patches=KERNEL_ORDER).launches.total
+    assert report.groups and report.contiguous_outputs == 3
+    assert measured == report.launches_after == 3
+    torch._dynamo.reset()
+
+
 def _fresh_rows(x):
     y = torch.relu(x)
     return y[1:2] + 0, y[0:2] + 0

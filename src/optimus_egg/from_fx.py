@@ -113,6 +113,7 @@ class Lowered:
     training: bool = False                # priced for a compile with a backward (optimize's `training`)
     fixed_leaves: frozenset[str] = frozenset()  # parameters whose copies are computed once (optimize's `hoisted`)
     loop_break_even: float = MAX_MACS     # multiply-adds where a GEMM call matches its loops (launch_cost.loop_break_even)
+    contiguous_outputs: tuple = ()        # per output leaf: was its example value contiguous? (static sizes only)
 
 
 # ---- the vocabulary ------------------------------------------------------------------
@@ -1743,6 +1744,11 @@ def _lower(gm, inputs, values, modules, mutated, seed_groups: bool, gemm_loops: 
     lw.cost_table = graph_table(gm, inputs, gemm_loops)
     groups = lw.seed_groups() if seed_groups else {}
     register_text(lw.egraph, [*lw.facts, root], lw.lets, lw.uses)
+    leaves: list = []
+    fx.node.map_aggregate(out_node.args[0], leaves.append)
+    contiguous = () if lw.symbols else tuple(isinstance(a, fx.Node) and shapes.contiguous(values.get(a))
+                                             for a in leaves)
     return Lowered(lw.egraph, gm, lw.nodes, lw.templates, lw.leaves, root, output_args, n_outputs,
                    groups, lw.shapes, lw.cost_table, lw.symbols, lw.leaf_shapes, lw.grad_reach, lw.strided,
-                   loop_break_even=loop_break_even([*inputs, *gm.parameters(), *gm.buffers()]))
+                   loop_break_even=loop_break_even([*inputs, *gm.parameters(), *gm.buffers()]),
+                   contiguous_outputs=contiguous)

@@ -25,7 +25,8 @@ from torch.fx.graph_module import _copy_attr
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from optimus_egg import hoist, ops, parts, worker
-from optimus_egg.extract.fusion_cost import MAY_COPY, fused_launches, loops_work, node_kind
+from optimus_egg.extract.fusion_cost import COPIES, MAY_COPY, fused_launches, loops_work, node_kind
+from optimus_egg.extract.fusion_cost import _target_name as target_name
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, elementwise_batched_linear,
@@ -67,6 +68,7 @@ class Report:
     zero_grads: list[str] = field(default_factory=list)  # tensors given zero gradients by ops.keep_grads
     out_of_place: int = 0        # writes into fresh values made out-of-place before lowering (functional.py)
     copied_outputs: int = 0      # outputs copied not to alias an input, a parameter or another output (copy_new_aliases)
+    contiguous_outputs: int = 0  # outputs made contiguous as the input's were (keep_contiguous_outputs)
     shape_checks: int = 0        # inputs the result checks against the example's shape (shapes.guard_example_shapes)
     hoisted: int = 0             # parameter copies computed once, not per call (hoist.py: the backend, in inference)
 
@@ -442,7 +444,8 @@ FIRST_ITERATION_S_PER_NODE = 2e-5
 
 
 def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, training=False,
-              buffer_reuse=True, hoisted=False) -> fx.GraphModule:
+              buffer_reuse=True, hoisted=False, whole=True) -> fx.GraphModule:
+    """optimize's search; `whole`: gm's outputs are the caller's (not a graph of parts')."""
     if training and budget_s > 0 and buffer_reuse and parts.trains_a_shared_body(gm):
         report.kept_input = ("in training, a graph calling a nested_compile_region body a gradient reaches stays as "
                              "it is where it is compiled with Inductor's buffer reuse (optimize's buffer_reuse)")
@@ -499,6 +502,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
     t = time.perf_counter()
     classes: dict[fx.Node, str] = {}
     out = to_fx(lowered, g1, ex, inputs, prepared=prepared[0] if prepared else None, classes=classes)
+    wrapped = keep_contiguous_outputs(out, lowered.contiguous_outputs) if whole else 0
     report.timings["to_fx"] = time.perf_counter() - t
     # The per-node table cannot see fusion; the whole-graph estimate can. Keep the input if
     # it predicts more launches for the result (never seen on the bench models).
@@ -524,7 +528,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
             report.kept_input = "a parameter's gradient would be None where the input's is zeros"
             return gm
         report.zero_grads = [f"input {i}" for i in sorted(lost[0])] + sorted(lost[1])
-    report.cost_after, report.changed = ex.cost, True
+    report.cost_after, report.changed, report.contiguous_outputs = ex.cost, True, wrapped
     return out
 
 
@@ -665,6 +669,37 @@ def copy_new_aliases(gm: fx.GraphModule, out: fx.GraphModule) -> int:
     return len(copy_at)
 
 
+def keep_contiguous_outputs(out: fx.GraphModule, contiguous: tuple) -> int:
+    """Make each output of `out` contiguous where the input graph's output in its place was
+    (`contiguous`, per output leaf): a piece of a batched result (a column span of one
+    linear's output) or an elementwise op of a permuted one would otherwise keep that layout,
+    and Inductor keeps the strides of the graph it is given, so `view` on it would raise where
+    eager's works. `.contiguous()` is a no-op on a tensor that already is one, eagerly and in
+    Inductor's trace alike; a GEMM's result, a cat or an input is left as it is. Returns the
+    outputs wrapped."""
+    leaves = _flat_outputs(out)
+    if len(leaves) != len(contiguous):
+        return 0
+    modules = dict(out.named_modules())
+    wrap = {i for i, (a, c) in enumerate(zip(leaves, contiguous))
+            if c and isinstance(a, fx.Node) and a.op not in ("placeholder", "get_attr", "output")
+            and node_kind(a, modules) != "extern" and target_name(a, modules) not in COPIES}
+    if not wrap:
+        return 0
+    output = next(n for n in out.graph.nodes if n.op == "output")
+    place = iter(range(len(leaves)))
+
+    def wrapped(a):
+        if next(place) not in wrap:
+            return a
+        with out.graph.inserting_before(output):
+            return out.graph.call_method("contiguous", (a,))
+
+    output.args = fx.node.map_aggregate(output.args, wrapped)
+    out.recompile()
+    return len(wrap)
+
+
 def _flat_outputs(gm: fx.GraphModule) -> list:
     """The leaves of gm's output structure, in order."""
     leaves: list = []
@@ -698,7 +733,7 @@ def _by_part(gm, inputs, budget_s, disable, limits, report, gemm_loops, training
     def one(combined: fx.GraphModule, example_values: list) -> fx.GraphModule:
         try:
             return _optimize(combined, example_values, budget_s, disable, limits, report, gemm_loops, training,
-                             buffer_reuse, hoisted)
+                             buffer_reuse, hoisted, whole=False)
         except ValueError as e:  # the parts' example values come from meta, not the caller
             raise RuntimeError(f"the graph's parts (parts.py): {e}") from e
 

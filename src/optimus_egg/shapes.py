@@ -253,6 +253,21 @@ class Meta:
         return self.strides
 
 
+def contiguous(v) -> bool:
+    """Is tensor value `v` (a tensor, or a Meta with its strides) laid out row-major without
+    gaps (dims of size 1 aside), as `Tensor.is_contiguous()` says?"""
+    if isinstance(v, torch.Tensor):
+        return v.layout == torch.strided and v.is_contiguous()
+    if not isinstance(v, Meta) or len(v.strides) != len(v.shape):
+        return False
+    expected = 1
+    for size, stride in zip(reversed(v.shape), reversed(v.strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def rows_strided(v) -> bool:
     """Is tensor value `v` (a tensor, Meta or TensorMetadata) read along its last dim with a
     stride other than 1 (a transposed view, say)? Small GEMMs on such operands loop scalar
