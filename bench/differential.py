@@ -73,6 +73,7 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
     optimus: list[tuple[int, int | None]] = []  # (optimus_egg's launches, Optimus's or None where it raised or was wrong)
     wrongs: list[bool] = []  # per program: Optimus's graph computes other values than the program
     aliasing: list[bool] = []  # per program: Optimus's outputs alias the input where the program's do not
+    layout: list[bool] = []  # per program: Optimus's outputs strided where the program's are contiguous
 
     def launches_of(g, x) -> int:  # with the backend's CPU kernel order, which the estimate counts
         return compile_inductor(g, [x], training=train, config_patches=KERNEL_ORDER).launches.total
@@ -103,10 +104,11 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
             flag += "  estimate off (input / egg / ablation: " + " / ".join(f"{d:+d}" for d in off) + ")"
         extra = ""
         if with_optimus:
-            n, wrong, aliases = optimus_row(gm, x, train)
+            n, wrong, aliases, strided = optimus_row(gm, x, train)
             optimus.append((launches[1], None if wrong else n))
             wrongs.append(wrong)
             aliasing.append(aliases and not wrong)
+            layout.append(strided and not wrong and not aliases)
             extra = f" Optimus {n if n is not None else '-':>3}"
             if wrong:
                 flag += "  Optimus computes other values"
@@ -114,6 +116,8 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
                 flag += "  Optimus raised" if n is None else "  Optimus fewer"
             if aliases:
                 flag += "  Optimus's outputs alias the input"
+            if strided:
+                flag += "  Optimus's outputs strided"
         print(f"cost egg {cost_egg:8.3f} ablation {cost_greedy:8.3f}   launches input {launches[0]:3d} "
               f"egg {launches[1]:3d} ablation {launches[2]:3d}{extra}{flag}", flush=True)
         if flag:
@@ -132,35 +136,43 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
     if with_optimus:
         ran = [(e, o) for e, o in optimus if o is not None]
         more_aliasing = sum(e > o for (e, o), a in zip(optimus, aliasing) if o is not None and a)
+        more_strided = sum(e > o for (e, o), a in zip(optimus, layout) if o is not None and a)
         print(f"PyTorch's Optimus on the {len(optimus)} compiled programs: raised on {len(optimus) - len(ran) - sum(wrongs)}, "
               f"other values than the program on {sum(wrongs)} (both left out); "
               f"optimus_egg fewer launches on {sum(e < o for e, o in ran)}, equal on {sum(e == o for e, o in ran)}, "
               f"more on {sum(e > o for e, o in ran)} ({more_aliasing} of them where Optimus's outputs alias the input, "
-              f"which optimus_egg copies); launches in all {sum(e for e, _ in ran)} vs {sum(o for _, o in ran)}")
+              f"which optimus_egg copies; {more_strided} where they are strided and the program's contiguous, which "
+              f"optimus_egg keeps contiguous); launches in all {sum(e for e, _ in ran)} vs {sum(o for _, o in ran)}")
 
 
-def optimus_row(gm: fx.GraphModule, x: torch.Tensor, train: bool = False) -> tuple[int | None, bool, bool]:
+def optimus_row(gm: fx.GraphModule, x: torch.Tensor, train: bool = False) -> tuple[int | None, bool, bool, bool]:
     """PyTorch's Optimus on program `gm`: its launches (None where its passes raised), whether
     its graph computes other values than the program (checked where the program draws nothing
-    random), and whether its outputs alias the input where the program's do not
-    (measure.aliased_outputs: optimus_egg copies such outputs, a launch each)."""
+    random), whether its outputs alias the input where the program's do not
+    (measure.aliased_outputs: optimus_egg copies such outputs, a launch each), and whether an
+    output is strided where the program's is contiguous (optimus_egg makes such outputs
+    contiguous: pipeline.keep_contiguous_outputs)."""
     from optimus_egg.baselines import inductor_with_optimus
     from optimus_egg.from_fx import draws_random
+    from torch.utils._pytree import tree_leaves
+
     from optimus_egg.measure import aliased_outputs, compile_inductor, values_match
 
     try:
         c = compile_inductor(inductor_with_optimus(gm, [x], post_grad=train), [x], training=train)
     except Exception as e:  # noqa: BLE001 (Optimus's passes are not optimus_egg's to fix: count, go on)
         print(f"    Optimus raised {type(e).__name__}: {str(e)[:120]}", flush=True)
-        return None, False, False
+        return None, False, False, False
     with torch.no_grad():
         xo, xe = x.clone(), x.clone()
         theirs, eager = c.fn(xo), gm(xe)
     aliases = aliased_outputs(theirs, [xo]) > aliased_outputs(eager, [xe])
+    strided = any(isinstance(t, torch.Tensor) and isinstance(e, torch.Tensor) and e.is_contiguous()
+                  and not t.is_contiguous() for t, e in zip(tree_leaves(theirs), tree_leaves(eager)))
     modules = dict(gm.named_modules())
     if any(draws_random(n, modules) for n in gm.graph.nodes):
-        return c.launches.total, False, aliases
-    return c.launches.total, not values_match(theirs, eager, equal_nan=True), aliases
+        return c.launches.total, False, aliases, strided
+    return c.launches.total, not values_match(theirs, eager, equal_nan=True), aliases, strided
 
 
 def main() -> None:

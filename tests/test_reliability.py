@@ -967,8 +967,9 @@ def test_outputs_that_alias_the_input_eagerly_stay_views_of_it():
 
 
 class _LinearsOfOneInput(nn.Module):
-    """Three linears of one value, returned: batched as one linear of the concatenated
-    weights, each is a column span of its result (strides (24, 1), eager's (8, 1))."""
+    """Three linears of one value, returned (the first twice): batched as one linear of the
+    concatenated weights, each is a column span of its result (strides (24, 1), eager's
+    (8, 1))."""
 
     def __init__(self):
         super().__init__()
@@ -976,7 +977,8 @@ class _LinearsOfOneInput(nn.Module):
 
     def forward(self, x):
         y = torch.relu(x)
-        return [lin(y) for lin in self.lin]
+        ys = [lin(y) for lin in self.lin]
+        return [*ys, ys[0]]
 
 
 def test_outputs_keep_the_input_graphs_contiguity():
@@ -998,6 +1000,8 @@ def test_outputs_keep_the_input_graphs_contiguity():
             torch.testing.assert_close([y.view(-1) for y in ys], [y.view(-1) for y in model(x)])
             assert all(y.is_contiguous() for y in ys)
         measured = compile_inductor(out, [x], config_patches=KERNEL_ORDER).launches.total
+        ys = out(x)
+        assert ys[0] is ys[3]  # one value returned twice stays one tensor
     assert report.groups and report.contiguous_outputs == 3
     assert measured == report.launches_after == 3
     torch._dynamo.reset()

@@ -688,16 +688,19 @@ def keep_contiguous_outputs(out: fx.GraphModule, contiguous: tuple) -> int:
         return 0
     output = next(n for n in out.graph.nodes if n.op == "output")
     place = iter(range(len(leaves)))
+    made: dict[fx.Node, fx.Node] = {}  # (a value returned twice stays one tensor)
 
     def wrapped(a):
         if next(place) not in wrap:
             return a
-        with out.graph.inserting_before(output):
-            return out.graph.call_method("contiguous", (a,))
+        if a not in made:
+            with out.graph.inserting_before(output):
+                made[a] = out.graph.call_method("contiguous", (a,))
+        return made[a]
 
     output.args = fx.node.map_aggregate(output.args, wrapped)
     out.recompile()
-    return len(wrap)
+    return len(made)
 
 
 def _flat_outputs(gm: fx.GraphModule) -> list:
