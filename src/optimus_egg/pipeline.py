@@ -675,15 +675,15 @@ def keep_contiguous_outputs(out: fx.GraphModule, contiguous: tuple) -> int:
     linear's output) or an elementwise op of a permuted one would otherwise keep that layout,
     and Inductor keeps the strides of the graph it is given, so `view` on it would raise where
     eager's works. `.contiguous()` is a no-op on a tensor that already is one, eagerly and in
-    Inductor's trace alike; a GEMM's result, a cat or an input is left as it is. Returns the
-    outputs wrapped."""
+    Inductor's trace alike; a GEMM's result, a cat, an input or a `contiguous()` already is
+    left as it is. Returns the values wrapped."""
     leaves = _flat_outputs(out)
     if len(leaves) != len(contiguous):
         return 0
     modules = dict(out.named_modules())
     wrap = {i for i, (a, c) in enumerate(zip(leaves, contiguous))
             if c and isinstance(a, fx.Node) and a.op not in ("placeholder", "get_attr", "output")
-            and node_kind(a, modules) != "extern" and target_name(a, modules) not in COPIES}
+            and node_kind(a, modules) != "extern" and target_name(a, modules) not in COPIES | {"contiguous"}}
     if not wrap:
         return 0
     output = next(n for n in out.graph.nodes if n.op == "output")
@@ -694,7 +694,7 @@ def keep_contiguous_outputs(out: fx.GraphModule, contiguous: tuple) -> int:
         if next(place) not in wrap:
             return a
         if a not in made:
-            with out.graph.inserting_before(output):
+            with out.graph.inserting_after(a):
                 made[a] = out.graph.call_method("contiguous", (a,))
         return made[a]
 
