@@ -245,7 +245,7 @@ def test_differential_flags_optimus_computing_other_values():
         return torch.stack(torch.unbind(x.reshape(-1, 5, 4), 1), 0)
 
     x = torch.randn(2, 20)
-    launches, wrong, _ = differential.optimus_row(fx.symbolic_trace(swapped), x)
+    launches, wrong, _, _ = differential.optimus_row(fx.symbolic_trace(swapped), x)
     assert wrong and launches is not None
     assert differential.optimus_row(fx.symbolic_trace(in_order), x)[1] is False
 
@@ -264,11 +264,37 @@ def test_differential_tells_where_optimus_returns_views_of_the_input():
 
     x = torch.randn(3, 8)
     gm = fx.symbolic_trace(rejoined)
-    launches, wrong, aliases = differential.optimus_row(gm, x)
+    launches, wrong, aliases, _ = differential.optimus_row(gm, x)
     assert launches == 0 and not wrong and aliases
     out = optimize(gm, [x])
     assert out.meta["optimus_egg"].copied_outputs == 1 and aliased_outputs(out(x), [x]) == 0
     torch.testing.assert_close(out(x), x, rtol=0, atol=0)
+
+
+def test_differential_tells_where_optimus_returns_strided_outputs():
+    """Three linears of one input, returned: Optimus's graph returns column spans of one
+    GEMM's result, strided where eager's outputs are contiguous; optimus_egg copies them
+    contiguous (pipeline.keep_contiguous_outputs), and the differential says why Optimus
+    launches fewer there."""
+    import differential
+
+    from optimus_egg import optimize
+
+    ws = [torch.randn(8, 8) for _ in range(3)]
+
+    def three(x):
+        y = torch.relu(x)
+        return [torch.nn.functional.linear(y, w) for w in ws]
+
+    x = torch.randn(4, 8)
+    gm = fx.symbolic_trace(three)
+    launches, wrong, aliases, strided = differential.optimus_row(gm, x)
+    assert launches is not None and not wrong and not aliases and strided
+    out = optimize(gm, [x])
+    with torch.no_grad():
+        ys = out(x)
+        torch.testing.assert_close(ys, gm(x))
+    assert out.meta["optimus_egg"].contiguous_outputs == 3 and all(y.is_contiguous() for y in ys)
 
 
 def test_differential_leaves_out_a_program_eager_cannot_train():
