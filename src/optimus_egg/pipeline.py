@@ -652,20 +652,13 @@ def copy_new_aliases(gm: fx.GraphModule, out: fx.GraphModule) -> int:
             copy_at.add(i)
         else:
             kept.append((pb, pa))
-    if not copy_at:
-        return 0
     output = next(n for n in out.graph.nodes if n.op == "output")
-    place = iter(range(len(after)))
 
-    def copied(a):
-        i = next(place)
-        if i not in copy_at:
-            return a
+    def copied(a):  # a copy per place
         with out.graph.inserting_before(output):
             return out.graph.call_function(torch.clone, (a,))
 
-    output.args = fx.node.map_aggregate(output.args, copied)
-    out.recompile()
+    _replace_outputs(out, copy_at, copied)
     return len(copy_at)
 
 
@@ -684,23 +677,27 @@ def keep_contiguous_outputs(out: fx.GraphModule, contiguous: tuple) -> int:
     wrap = {i for i, (a, c) in enumerate(zip(leaves, contiguous))
             if c and isinstance(a, fx.Node) and a.op not in ("placeholder", "get_attr", "output")
             and node_kind(a, modules) != "extern" and target_name(a, modules) not in COPIES | {"contiguous"}}
-    if not wrap:
-        return 0
-    output = next(n for n in out.graph.nodes if n.op == "output")
-    place = iter(range(len(leaves)))
     made: dict[fx.Node, fx.Node] = {}  # (a value returned twice stays one tensor)
 
     def wrapped(a):
-        if next(place) not in wrap:
-            return a
         if a not in made:
             with out.graph.inserting_after(a):
                 made[a] = out.graph.call_method("contiguous", (a,))
         return made[a]
 
-    output.args = fx.node.map_aggregate(output.args, wrapped)
-    out.recompile()
+    _replace_outputs(out, wrap, wrapped)
     return len(made)
+
+
+def _replace_outputs(out: fx.GraphModule, at: set[int], make) -> None:
+    """Replace each leaf of out's output structure whose place (in _flat_outputs' order) is
+    in `at` by make(leaf), and recompile; nothing where `at` is empty."""
+    if not at:
+        return
+    output = next(n for n in out.graph.nodes if n.op == "output")
+    place = iter(range(len(_flat_outputs(out))))
+    output.args = fx.node.map_aggregate(output.args, lambda a: make(a) if next(place) in at else a)
+    out.recompile()
 
 
 def _flat_outputs(gm: fx.GraphModule) -> list:
