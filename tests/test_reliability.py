@@ -968,12 +968,12 @@ def test_outputs_that_alias_the_input_eagerly_stay_views_of_it():
 
 class _LinearsOfOneInput(nn.Module):
     """Three linears of one value, returned (the first twice): batched as one linear of the
-    concatenated weights, each is a column span of its result (strides (24, 1), eager's
-    (8, 1))."""
+    concatenated weights, each is a column span of its result (widths 8, 4, 8: strides
+    (20, 1), eager's (8, 1) and (4, 1))."""
 
-    def __init__(self):
+    def __init__(self, widths=(8, 4, 8)):
         super().__init__()
-        self.lin = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.lin = nn.ModuleList(nn.Linear(8, w) for w in widths)
 
     def forward(self, x):
         y = torch.relu(x)
@@ -1005,6 +1005,51 @@ def test_outputs_keep_the_input_graphs_contiguity():
     assert report.groups and report.contiguous_outputs == 3
     assert measured == report.launches_after == 3
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_returned_spans_of_equal_width_become_rows_of_one_bmm(bias):
+    """Three linears of one input, of one width, returned: batched as one linear of the
+    concatenated weights, each span returned would need a copy to be contiguous (3 launches:
+    the relu with the weights' cat, the linear, one kernel copying the spans; PyTorch's Optimus
+    returns the strided spans, 2). As one bmm of the input broadcast to the stacked weights
+    (pipeline.stack_returned_spans) the rows are contiguous as they are: 2 launches, as the
+    fusion estimate predicts, and values and views as eager's, optimized and through the
+    backend."""
+    from optimus_egg.kernel_order import KERNEL_ORDER
+    from optimus_egg.measure import compile_inductor
+
+    torch.manual_seed(0)
+    model, x = _LinearsOfOneInput(widths=(8, 8, 8)).eval(), torch.randn(4, 8)
+    if not bias:
+        for lin in model.lin:
+            lin.bias = None
+    gm = fx.symbolic_trace(model)
+    out, report = _optimize_exact(gm, x, exact=False)
+    with torch.no_grad():
+        for ys in (out(x), torch.compile(model, backend="optimus_egg")(x)):
+            torch.testing.assert_close([y.view(-1) for y in ys], [y.view(-1) for y in model(x)])
+            assert all(y.is_contiguous() for y in ys)
+        measured = compile_inductor(out, [x], config_patches=KERNEL_ORDER).launches.total
+        ys = out(x)
+        assert ys[0] is ys[3]
+    assert report.stacked_spans == 1 and report.contiguous_outputs == 0
+    assert any(n.target is optimus_egg.ops.batched_linear for n in out.graph.nodes)
+    assert measured == report.launches_after == 2
+    torch._dynamo.reset()
+
+
+def test_returned_spans_stay_spans_where_the_gemm_loops_write_them():
+    """With small GEMMs written as loops (gemm_loops) the copies of the spans fuse into the
+    loops' code, and the spans are left as they are (stack_returned_spans is not applied)."""
+    torch.manual_seed(0)
+    model, x = _LinearsOfOneInput(widths=(8, 8, 8)).eval(), torch.randn(4, 8)
+    out = optimus_egg.optimize(fx.symbolic_trace(model), [x], 1.0, gemm_loops=True, strict=True)
+    report = out.meta["optimus_egg"]
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), model(x))
+        assert all(y.is_contiguous() for y in out(x))
+    assert report.changed and report.stacked_spans == 0 and report.contiguous_outputs == 3
 
 
 def _fresh_rows(x):
@@ -1217,9 +1262,9 @@ def test_reads_after_the_last_write_batch_and_the_write_stays():
     leaves the reads after the graph's last write unordered: the two linears batch as one
     wide GEMM; the write into the caller's input stays (outputs and input bitwise checked by
     _optimize_exact up to the batch's rounding). Where the linears' results are returned as
-    they are, the GEMM's column spans are copied to stay contiguous as eager's outputs are
-    (pipeline.keep_contiguous_outputs): 3 launches, as the input's, where Optimus returns the
-    spans strided (2); read by a ReLU, the copy is that code: 3, as Optimus, the input 5."""
+    they are, the equal-width spans become rows of one batched GEMM
+    (pipeline.stack_returned_spans), contiguous as eager's outputs are: 2 launches, as
+    Optimus, which returns the spans strided; read by a ReLU: 3, as Optimus, the input 5."""
     from optimus_egg.baselines import inductor_with_optimus
     from optimus_egg.measure import compile_inductor
 
@@ -1232,7 +1277,7 @@ def test_reads_after_the_last_write_batch_and_the_write_stays():
         assert calls(out, "copy_") == 1 and calls(gm, "copy_") == 1
         optimus_gm = inductor_with_optimus(gm, [x.clone()], post_grad=False)
         before, after, optimus = (compile_inductor(g, [x.clone()]).launches.total for g in (gm, out, optimus_gm))
-        assert (before, after, optimus) == ((5, 3, 3) if read else (3, 3, 2))
+        assert (before, after, optimus) == ((5, 3, 3) if read else (3, 2, 2))
         with torch.no_grad():
             assert all(y.is_contiguous() for y in out(x.clone())[:2])
             assert read or not optimus_gm(x.clone())[0].is_contiguous()

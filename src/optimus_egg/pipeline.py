@@ -12,6 +12,7 @@ import gc
 import logging
 import math
 import numbers
+import operator
 import threading
 import time
 import warnings
@@ -30,7 +31,7 @@ from optimus_egg.extract.fusion_cost import _target_name as target_name
 from optimus_egg.extract.graph import Graph, Node, serialize
 from optimus_egg.extract.greedy import EPS, Extraction, greedy
 from optimus_egg.extract.launch_cost import (GEMM_TARGETS, batch_of_loops, elementwise_batched_linear,
-                                             elementwise_linear, elementwise_matmul, gemm_macs, launch_cost, linear_macs, loop_work,
+                                             elementwise_linear, elementwise_matmul, gemm_macs, launch_cost, linear_macs, loop_work, loops_gemm,
                                              scalar_gemm_price, scalar_loops)
 from optimus_egg.extract.work import class_shapes, numel, sizes, work
 from optimus_egg.from_fx import (ANYWHERE, GRAD_REACH, Lowered, _grad_reach, _may_share, _name, _place, from_fx,
@@ -69,6 +70,7 @@ class Report:
     out_of_place: int = 0        # writes into fresh values made out-of-place before lowering (functional.py)
     copied_outputs: int = 0      # outputs copied not to alias an input, a parameter or another output (copy_new_aliases)
     contiguous_outputs: int = 0  # outputs made contiguous as the input's were (keep_contiguous_outputs)
+    stacked_spans: int = 0       # batched linears whose returned spans became bmm rows (stack_returned_spans)
     shape_checks: int = 0        # inputs the result checks against the example's shape (shapes.guard_example_shapes)
     hoisted: int = 0             # parameter copies computed once, not per call (hoist.py: the backend, in inference)
 
@@ -502,14 +504,15 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
     t = time.perf_counter()
     classes: dict[fx.Node, str] = {}
     out = to_fx(lowered, g1, ex, inputs, prepared=prepared[0] if prepared else None, classes=classes)
-    wrapped = keep_contiguous_outputs(out, lowered.contiguous_outputs) if whole else 0
+    shapes = class_shapes(g1, known_shapes(lowered, g1))
+    shape_of = lambda n: _tensor_shape(shapes.get(classes.get(n)))  # noqa: E731
+    rows = stack_returned_spans(out, lowered.contiguous_outputs, shape_of, lowered.cost_table) if whole else set()
+    wrapped = keep_contiguous_outputs(out, lowered.contiguous_outputs, rows) if whole else 0
     report.timings["to_fx"] = time.perf_counter() - t
     # The per-node table cannot see fusion; the whole-graph estimate can. Keep the input if
     # it predicts more launches for the result (never seen on the bench models).
-    shapes = class_shapes(g1, known_shapes(lowered, g1))
     report.launches_before = before.launches()
     strided = strided_classes(lowered, g1)
-    shape_of = lambda n: _tensor_shape(shapes.get(classes.get(n)))  # noqa: E731
     strided_of = lambda n: classes.get(n) in strided  # noqa: E731
     report.launches_after = fused_launches(out, shape_of, lowered.cost_table, strided_of,
                                            computed_once(lowered, out, inputs))
@@ -529,6 +532,7 @@ def _optimize(gm, inputs, budget_s, disable, limits, report, gemm_loops=False, t
             return gm
         report.zero_grads = [f"input {i}" for i in sorted(lost[0])] + sorted(lost[1])
     report.cost_after, report.changed, report.contiguous_outputs = ex.cost, True, wrapped
+    report.stacked_spans = len({r.args[0] for r in rows})
     return out
 
 
@@ -662,20 +666,20 @@ def copy_new_aliases(gm: fx.GraphModule, out: fx.GraphModule) -> int:
     return len(copy_at)
 
 
-def keep_contiguous_outputs(out: fx.GraphModule, contiguous: tuple) -> int:
+def keep_contiguous_outputs(out: fx.GraphModule, contiguous: tuple, known: set[fx.Node] = frozenset()) -> int:
     """Make each output of `out` contiguous where the input graph's output in its place was
     (`contiguous`, per output leaf): a piece of a batched result (a column span of one
     linear's output) or an elementwise op of a permuted one would otherwise keep that layout,
     and Inductor keeps the strides of the graph it is given, so `view` on it would raise where
     eager's works. `.contiguous()` is a no-op on a tensor that already is one, eagerly and in
     Inductor's trace alike; a GEMM's result, a cat, an input or a `contiguous()` already is
-    left as it is. Returns the values wrapped."""
+    left as it is, and so are the nodes `known` to be contiguous. Returns the values wrapped."""
     leaves = _flat_outputs(out)
     if len(leaves) != len(contiguous):
         return 0
     modules = dict(out.named_modules())
     wrap = {i for i, (a, c) in enumerate(zip(leaves, contiguous))
-            if c and isinstance(a, fx.Node) and a.op not in ("placeholder", "get_attr", "output")
+            if c and isinstance(a, fx.Node) and a not in known and a.op not in ("placeholder", "get_attr", "output")
             and node_kind(a, modules) != "extern" and target_name(a, modules) not in COPIES | {"contiguous"}}
     made: dict[fx.Node, fx.Node] = {}  # (a value returned twice stays one tensor)
 
@@ -687,6 +691,67 @@ def keep_contiguous_outputs(out: fx.GraphModule, contiguous: tuple) -> int:
 
     _replace_outputs(out, wrap, wrapped)
     return len(made)
+
+
+def stack_returned_spans(out: fx.GraphModule, contiguous: tuple, shape_of: Callable, table: str) -> set[fx.Node]:
+    """A linear of one 2-D input with concatenated weights (batch_linear_lhs), split into equal
+    column spans of which one at least is returned where the input graph's output was
+    contiguous, becomes one bmm of the input broadcast to each weight, unbound: its rows are
+    contiguous, where each span returned would need a copy (keep_contiguous_outputs), a kernel
+    of its own that PyTorch's Optimus's strided spans do not launch. The broadcast is a view;
+    the stacked weights cost what the concatenated ones did. Not where cost table `table`
+    writes a member's GEMM as loops (launch_cost.loops_gemm): the copies fuse into that code.
+    `shape_of`: a node's shape or None. Returns the rows made (contiguous)."""
+    leaves = _flat_outputs(out)
+    if len(leaves) != len(contiguous):
+        return set()
+    returned = {a for a, c in zip(leaves, contiguous) if c and isinstance(a, fx.Node)}
+    graph, made = out.graph, set()
+    for sp in [n for n in graph.nodes if n.op == "call_function" and n.target is torch.split]:
+        if len(sp.args) != 3 or sp.kwargs:
+            continue
+        lin, spans, d = sp.args
+        if not (isinstance(lin, fx.Node) and lin.target is torch.nn.functional.linear and len(lin.users) == 1
+                and d == 1 and isinstance(spans, (list, tuple)) and len(set(spans)) == 1 and not lin.kwargs
+                and len(lin.args) in (2, 3)):
+            continue
+        x, w, b = (*lin.args, None)[:3]
+        weights, biases = _cat_operands(w), _cat_operands(b) if b is not None else None
+        shape = shape_of(x)
+        if (weights is None or len(weights) != len(spans) or (b is not None and biases is None)
+                or shape is None or len(shape) != 2 or any(not isinstance(v, int) for v in shape)
+                or loops_gemm(math.prod(shape) * spans[0], table)):
+            continue
+        items = list(sp.users)
+        if any(u.target is not operator.getitem for u in items) or not any(u in returned for u in items):
+            continue
+        with graph.inserting_before(lin):
+            stacked_b = None if b is None else graph.call_function(torch.stack, (biases, 0))
+            wide = graph.call_method("expand", (graph.call_method("unsqueeze", (x, 0)), len(spans), *shape))
+            y = graph.call_function(ops.batched_linear, (wide, graph.call_function(torch.stack, (weights, 0)),
+                                                         stacked_b))
+            rows = graph.call_function(torch.unbind, (y, 0))
+        last = rows
+        for u in sorted(items, key=lambda u: u.args[1]):
+            with graph.inserting_after(last):
+                last = graph.call_function(operator.getitem, (rows, u.args[1]))
+            u.replace_all_uses_with(last)
+            graph.erase_node(u)
+            made.add(last)
+        for n in (sp, lin, w, b):
+            if n is not None and not n.users:
+                graph.erase_node(n)
+    if made:
+        out.recompile()
+    return made
+
+
+def _cat_operands(n) -> list | None:
+    """The operands of `n`, a `torch.cat(operands, 0)` node, or None."""
+    if not (isinstance(n, fx.Node) and n.target is torch.cat and len(n.args) == 2 and n.args[1] == 0
+            and not n.kwargs and isinstance(n.args[0], (list, tuple))):
+        return None
+    return list(n.args[0])
 
 
 def _replace_outputs(out: fx.GraphModule, at: set[int], make) -> None:

@@ -2,6 +2,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from optimus_egg import ops
 from optimus_egg.rules.batch_linear_lhs import batch_linear_lhs
 from optimus_egg.testing import calls, fired, optimize_with
 
@@ -29,25 +30,30 @@ def test_batch_linear_lhs_without_bias():
 
 
 def test_batch_linear_lhs_needs_same_input():
-    """Three linears read x and one reads y: the wide GEMM takes the three, y's stays apart."""
+    """Three linears read x and one reads y: the wide GEMM takes the three, y's stays apart
+    (returned as they are, the three equal-width spans become rows of one bmm:
+    pipeline.stack_returned_spans)."""
     w1, w2, w3, w4 = (torch.randn(8, 16) for _ in range(4))
 
     def before(x, y):
         return F.linear(x, w1), F.linear(x, w2), F.linear(x, w3), F.linear(y, w4)
 
     after, report = optimize_with(before, batch_linear_lhs, torch.randn(4, 16), torch.randn(4, 16))
-    assert report.matches["batch-linear-lhs"] == 3 and calls(after, F.linear) == 2
+    assert report.matches["batch-linear-lhs"] == 3 and report.stacked_spans == 1
+    assert calls(after, F.linear) == 1 and calls(after, ops.batched_linear) == 1
 
 
 def test_batch_linear_lhs_needs_same_bias_presence():
-    """Three biased linears and one without bias on x: the unbiased one stays apart."""
+    """Three biased linears and one without bias on x: the unbiased one stays apart (the three
+    returned spans become rows of one bmm, as above)."""
     ws, bs = [torch.randn(8, 16) for _ in range(4)], [torch.randn(8) for _ in range(3)]
 
     def before(x):
         return F.linear(x, ws[0], bs[0]), F.linear(x, ws[1], bs[1]), F.linear(x, ws[2], bs[2]), F.linear(x, ws[3])
 
     after, report = optimize_with(before, batch_linear_lhs, torch.randn(4, 16))
-    assert report.matches["batch-linear-lhs"] == 3 and calls(after, F.linear) == 2
+    assert report.matches["batch-linear-lhs"] == 3 and report.stacked_spans == 1
+    assert calls(after, F.linear) == 1 and calls(after, ops.batched_linear) == 1
 
 
 def test_batch_linear_lhs_pair_forms_only_without_twins():
