@@ -1039,6 +1039,25 @@ def test_returned_spans_of_equal_width_become_rows_of_one_bmm(bias):
     torch._dynamo.reset()
 
 
+def test_returned_spans_as_rows_of_one_bmm_train_as_eager():
+    """In training the stacked rows carry the gradients: each weight's, bias's and the input's
+    gradient through the broadcast and the stacks match eager's, and the rows stay contiguous."""
+    torch.manual_seed(0)
+    model, x = _LinearsOfOneInput(widths=(8, 8, 8)), torch.randn(4, 8, requires_grad=True)
+    out = optimus_egg.optimize(fx.symbolic_trace(model), [x], 1.0, training=True, strict=True)
+    assert out.meta["optimus_egg"].stacked_spans == 1
+
+    def grads(f):
+        model.zero_grad()
+        x.grad = None
+        ys = f(x)
+        assert all(y.is_contiguous() for y in ys)
+        sum((i + 1) * y.square().sum() for i, y in enumerate(ys)).backward()
+        return [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+
+    torch.testing.assert_close(grads(out), grads(model))
+
+
 def test_returned_spans_stay_spans_where_the_gemm_loops_write_them():
     """With small GEMMs written as loops (gemm_loops) the copies of the spans fuse into the
     loops' code, and the spans are left as they are (stack_returned_spans is not applied)."""
