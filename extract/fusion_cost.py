@@ -24,7 +24,8 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   matrix-vector product: launch_cost.py) computes like an elementwise op;
 - given shapes, on CPU, `mm(a, b) + t` (a 2-D matmul or bias-less linear whose one reader is
   the add) is one addmm(t, a, b) (Inductor's post-grad pattern; of `mm1 + mm2` the second):
-  code where a has one row and b is at most 16 x 16, else a call that the add is part of.
+  code where a has one row and b is at most 16 x 16, else a call that the add is part of;
+  `m + m` of such an mm folds too, as addmm(m, a, b), the product again beside the mm.
 
 On CPU (`launch_cost.CPU_TABLES`: "cpu", and "cpu_loops" for a compile with small GEMMs as
 loops) the kernels are then counted as Inductor's C++ backend writes them with the backend's
@@ -121,6 +122,8 @@ def fused_launches(gm: fx.GraphModule | fx.Graph, shape_of: Callable[[fx.Node], 
             add = _folded_add(n, modules, shape_of)
             if add is not None and add in kind:
                 kind[n], kind[add], leafy[add] = "view", "extern", False
+            elif (add := _added_to_itself(n, modules, shape_of, table)) is not None and add in kind:
+                kind[add], leafy[add] = "extern", False  # addmm(m, a, b): the product again
     parent: dict[fx.Node, fx.Node] = {}
 
     def find(x):
@@ -577,6 +580,24 @@ def _folded_add(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape |
 
     out = _plain_mm_out(n, modules, shape, one_reader=False)
     return next(iter(n.users)) if out is not None and _bias_by_add(n, out, modules, shape) else None
+
+
+def _added_to_itself(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None],
+                     table: str) -> fx.Node | None:
+    """The add of `m + m`, `n` a 2-D GEMM Inductor sees as an mm (`_plain_mm_out`), where the
+    add is its one reader: the post-grad pattern folds it too, as addmm(m, a, b), the product
+    computed again beside the mm, a call of its own unless the addmm's decomposition makes it
+    code (one row, K, N <= 16). None otherwise."""
+    if _plain_mm_out(n, modules, lambda a: shape_of(a) if isinstance(a, fx.Node) else None) is None:
+        return None
+    (add,) = n.users
+    if add.op not in ("call_function", "call_method") or _target_name(add, modules) != "add" \
+            or add.kwargs or len(add.args) != 2 or not (add.args[0] is n is add.args[1]):
+        return None
+    kind, a, b, _, strided = _gemm_operands(n, _target_name(n, modules), modules, shape_of)
+    code = (elementwise_linear(a, b, True, table, strided) if kind == "linear"
+            else elementwise_matmul(a, b, table, strided, True))
+    return None if code else add
 
 
 def _expands(t: Shape | None, out: Shape) -> bool:

@@ -756,6 +756,9 @@ _FOLDED_MATMUL_ADDS = {
     "two-one-row-linears": (lambda x, y, w, a: torch.tanh(F.linear(x, w) + F.linear(y, w)), 1),
     # a [4, 8] @ [8, 8] + a is one call (addmm): no kernel of its own for the add after it
     "into-a-call": (lambda x, y, w, a: torch.tanh(a) @ w + a, 1),
+    # `m + m` folds too, as addmm(m, a, b): the product computed again, the mm stays a call
+    "itself-into-a-call": (lambda x, y, w, a: (lambda m: torch.tanh(m + m))(torch.tanh(a) @ w), 2),
+    "itself-one-row": (lambda x, y, w, a: (lambda m: torch.tanh(m + m))(x @ w), 1),
 }
 
 
