@@ -988,23 +988,30 @@ def test_outputs_keep_the_input_graphs_contiguity():
     `view(-1)` raised. The fusion estimate counts the copy (3 launches without the GEMM
     loops: the relu with the weights' cat, the linear, one kernel copying the three spans),
     as Inductor compiles it."""
+    torch.manual_seed(0)
+    _, report, measured = _returned_linears(_LinearsOfOneInput().eval())
+    assert report.groups and report.contiguous_outputs == 3
+    assert measured == report.launches_after == 3
+
+
+def _returned_linears(model: _LinearsOfOneInput):
+    """Optimize `model` (values checked by _optimize_exact), check its outputs' values, views
+    and contiguity optimized and through the backend, and that the value returned twice stays
+    one tensor: (result, report, launches of the result as the backend's kernel order compiles it)."""
     from optimus_egg.kernel_order import KERNEL_ORDER
     from optimus_egg.measure import compile_inductor
 
-    torch.manual_seed(0)
-    model, x = _LinearsOfOneInput().eval(), torch.randn(4, 8)
-    gm = fx.symbolic_trace(model)
-    out, report = _optimize_exact(gm, x, exact=False)
+    x = torch.randn(4, 8)
+    out, report = _optimize_exact(fx.symbolic_trace(model), x, exact=False)
     with torch.no_grad():
         for ys in (out(x), torch.compile(model, backend="optimus_egg")(x)):
             torch.testing.assert_close([y.view(-1) for y in ys], [y.view(-1) for y in model(x)])
             assert all(y.is_contiguous() for y in ys)
         measured = compile_inductor(out, [x], config_patches=KERNEL_ORDER).launches.total
         ys = out(x)
-        assert ys[0] is ys[3]  # one value returned twice stays one tensor
-    assert report.groups and report.contiguous_outputs == 3
-    assert measured == report.launches_after == 3
+        assert ys[0] is ys[3]
     torch._dynamo.reset()
+    return out, report, measured
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -1016,27 +1023,15 @@ def test_returned_spans_of_equal_width_become_rows_of_one_bmm(bias):
     (pipeline.stack_returned_spans) the rows are contiguous as they are: 2 launches, as the
     fusion estimate predicts, and values and views as eager's, optimized and through the
     backend."""
-    from optimus_egg.kernel_order import KERNEL_ORDER
-    from optimus_egg.measure import compile_inductor
-
     torch.manual_seed(0)
-    model, x = _LinearsOfOneInput(widths=(8, 8, 8)).eval(), torch.randn(4, 8)
+    model = _LinearsOfOneInput(widths=(8, 8, 8)).eval()
     if not bias:
         for lin in model.lin:
             lin.bias = None
-    gm = fx.symbolic_trace(model)
-    out, report = _optimize_exact(gm, x, exact=False)
-    with torch.no_grad():
-        for ys in (out(x), torch.compile(model, backend="optimus_egg")(x)):
-            torch.testing.assert_close([y.view(-1) for y in ys], [y.view(-1) for y in model(x)])
-            assert all(y.is_contiguous() for y in ys)
-        measured = compile_inductor(out, [x], config_patches=KERNEL_ORDER).launches.total
-        ys = out(x)
-        assert ys[0] is ys[3]
+    out, report, measured = _returned_linears(model)
     assert report.stacked_spans == 1 and report.contiguous_outputs == 0
     assert any(n.target is optimus_egg.ops.batched_linear for n in out.graph.nodes)
     assert measured == report.launches_after == 2
-    torch._dynamo.reset()
 
 
 def test_returned_spans_as_rows_of_one_bmm_train_as_eager():
