@@ -272,15 +272,15 @@ def test_differential_tells_where_optimus_returns_views_of_the_input():
 
 
 def test_differential_tells_where_optimus_returns_strided_outputs():
-    """Three linears of one input, returned: Optimus's graph returns column spans of one
-    GEMM's result, strided where eager's outputs are contiguous; optimus_egg copies them
-    contiguous (pipeline.keep_contiguous_outputs), and the differential says why Optimus
-    launches fewer there."""
+    """Three linears of one input, of widths 8, 4, 8, returned: Optimus's graph returns column
+    spans of one GEMM's result, strided where eager's outputs are contiguous; optimus_egg
+    copies them contiguous (pipeline.keep_contiguous_outputs: spans of unequal widths make no
+    bmm rows), and the differential says why Optimus launches fewer there."""
     import differential
 
     from optimus_egg import optimize
 
-    ws = [torch.randn(8, 8) for _ in range(3)]
+    ws = [torch.randn(n, 8) for n in (8, 4, 8)]
 
     def three(x):
         y = torch.relu(x)
