@@ -7,8 +7,8 @@ shapes (batch x in -> 3 x out). Arms, each compiled by Inductor and checked agai
 plain Inductor, PyTorch's Optimus (its spans of one wide GEMM, strided), optimus_egg@1s (rows
 of one bmm) and optimus_egg@1s compiled as the backend compiles it (GEMM loops, parameter
 copies hoisted: baselines.as_backend_compiles), each also with the spans copied to stay
-contiguous instead (` copies`: the pass off). Prints launches, the median of interleaved rounds and the ratio to plain Inductor, and
-whether the outputs are contiguous as eager's are.
+contiguous instead (" copies": the pass off). Prints launches, the median of interleaved
+rounds and its ratio to plain Inductor's, and whether the outputs are contiguous as eager's.
 """
 from __future__ import annotations
 
