@@ -94,7 +94,7 @@ def backend(budget_s: float = 1.0, post_grad: bool = True, kernel_order: bool = 
                     raise
                 warnings.warn(f"optimus_egg: Inductor failed on the backward with optimus_egg's Inductor options "
                               f"({type(e).__name__}: {e}); compiling it without them", RuntimeWarning, stacklevel=2)
-            plain = {"post_grad_fusion_options": {}, "post_grad_custom_post_pass": None,
+            plain = {"post_grad_fusion_options": {}, "post_grad_custom_pre_pass": None, "post_grad_custom_post_pass": None,
                      "_post_fusion_custom_pass": None, "reorder_for_peak_memory": True}
             with config.patch({**plain, **user}):
                 return compile_inner(original, inputs, **kw)

@@ -685,13 +685,16 @@ def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loop
     leaves those GEMMs alone (`gemm_loops.GEMM_LOOPS`, `egg_post_grad`), with `mask_stores`
     saved bool masks stored as bytes (`mask_stores.MASK_STORES`); they apply to the backward
     graph too. Whatever the switches, body graphs' view results are copied
-    (`body_outputs.BODY_OUTPUTS`, a fix for Inductor, not a codegen choice), and the ops of
-    `optimus_egg.ops` are marked cacheable (`ops.cacheable`). Each pass has a uuid, so
-    Inductor's and AOT autograd's caches work as for plain torch.compile."""
+    (`body_outputs.BODY_OUTPUTS`, a fix for Inductor, not a codegen choice), adds to an mm
+    are written so that Inductor's addmm fold keeps their `alpha` and computes `m + m` once
+    (`mm_adds.MM_ADDS`, a fix too), and the ops of `optimus_egg.ops` are marked cacheable
+    (`ops.cacheable`). Each pass has a uuid, so Inductor's and AOT autograd's caches work as
+    for plain torch.compile."""
     from optimus_egg.body_outputs import BODY_OUTPUTS
     from optimus_egg.gemm_loops import GEMM_LOOPS
     from optimus_egg.kernel_order import KERNEL_ORDER
     from optimus_egg.mask_stores import MASK_STORES
+    from optimus_egg.mm_adds import MM_ADDS
 
     from torch._inductor import config
 
@@ -699,7 +702,7 @@ def backend_patches(post_grad: bool = True, kernel_order: bool = True, gemm_loop
 
     custom = [p for p, on in ((BODY_OUTPUTS, True), (GEMM_LOOPS, gemm_loops), (MASK_STORES, mask_stores)) if on]
     return {**(post_grad_patches(egg_post_grad(gemm_loops)) if post_grad else {}), **(KERNEL_ORDER if kernel_order else {}),
-            "post_grad_custom_post_pass": PostPasses(custom),
+            "post_grad_custom_pre_pass": MM_ADDS, "post_grad_custom_post_pass": PostPasses(custom),
             "unsafe_marked_cacheable_functions": {**config.unsafe_marked_cacheable_functions, **ops.cacheable()}}
 
 
