@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import fx, nn
 from torch._dynamo.utils import counters
 
@@ -46,6 +47,9 @@ _ALPHAS = {
     "product-second": lambda x, w, b: torch.add(b, x @ w, alpha=3),
     "product-to-itself": lambda x, w, b: (lambda m: torch.add(m, m, alpha=3))(x @ w),
     "method": lambda x, w, b: (x @ w).add(b, alpha=-1),
+    "in-place": lambda x, w, b: (x @ w).add_(b, alpha=2),
+    "linear": lambda x, w, b: torch.add(F.linear(x, w), b, alpha=3),
+    "int64": lambda x, w, b: torch.add(x @ w, b, alpha=3),
 }
 
 
@@ -54,6 +58,8 @@ def test_an_add_with_an_alpha_keeps_it(case):
     """Plain Inductor computes `add(mm, t, alpha=s)` as `t + mm` (the fold into addmm drops
     the alpha): a wrong value. With the pass the alpha is a multiplication the fold keeps."""
     gm, inputs = fx.symbolic_trace(_ALPHAS[case]), _inputs()
+    if case == "int64":
+        inputs = [(t * 4).long() for t in inputs]
     counters.clear()
     with torch.no_grad():
         expected = gm(*inputs)
