@@ -1349,9 +1349,11 @@ class _Lowerer:
         sets that no depth group already is join `buckets` as groups of their own, beside the
         depth groups; extraction picks. Signatures of 3 to INDEPENDENT_MAX linears
         (independent_sets compares members pairwise; pairs gave the same bench launches, but
-        with them and a fusion-estimate change four tests failed, not separated). Sets whose
-        members all read one weight too (tests/test_fuzz.py `_OPTIMUS_FEWER`); that needed
-        greedy's single switches (extract/greedy.py `_swap`) in `linear_per_piece_of_a_batch`."""
+        with them and a fusion-estimate change four tests failed, not separated), and pairs
+        reading one weight (one GEMM of both inputs: `bench/differential.py --seed 54`, one
+        launch fewer). Sets whose members all read one weight too (tests/test_fuzz.py
+        `_OPTIMUS_FEWER`); that needed greedy's single switches (extract/greedy.py `_swap`) in
+        `linear_per_piece_of_a_batch`."""
         by_sig: dict[tuple, list[fx.Node]] = defaultdict(list)
         depth_groups = set()
         for (family, sig, _, *rest), members in buckets.items():
@@ -1360,7 +1362,8 @@ class _Lowerer:
                 depth_groups.add(frozenset(self.distinct(members)))
         for (sig, *rest), candidates in by_sig.items():
             candidates = self.distinct(candidates)
-            if not 2 < len(candidates) <= INDEPENDENT_MAX:
+            one_weight = len({self.expr.get(w, w) for w in (self.kind[m][2][1] for m in candidates)}) == 1
+            if not (2 < len(candidates) or one_weight) or len(candidates) > INDEPENDENT_MAX:
                 continue
             for j, found in enumerate(ancestors.independent_sets(candidates)):
                 if len(found) > 1 and frozenset(found) not in depth_groups:
