@@ -234,6 +234,7 @@ def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
         if k == "compute" and _target_name(n, modules) in COPIES:
             d = set()
             for a in n.all_input_nodes:
+                a = _passed_through(a, kind, modules)
                 into = kind.get(a) == "extern" and a not in fixed and _gemm_into_slice(a, modules, shape_of)
                 if into:
                     fixed.add(a)  # written into this slice: the next cat of it copies it
@@ -316,6 +317,16 @@ def _returned(graph: fx.Graph, kind: dict) -> set[fx.Node]:
             if kind.get(a) == "view":
                 todo.extend(a.all_input_nodes)
     return out
+
+
+def _passed_through(a: fx.Node, kind: dict, modules: dict) -> fx.Node:
+    """The value an eval (or p = 0) dropout `a` returns, its input (through a chain of them), or
+    `a` itself: Inductor writes a GEMM read through one straight into a cat's slice too
+    (bench/differential.py --seed 54: a linear's result through `F.dropout(p=0)`)."""
+    while kind.get(a) == "view" and _target_name(a, modules) == "dropout" and a.args \
+            and isinstance(a.args[0], fx.Node):
+        a = a.args[0]
+    return a
 
 
 def _gemm_into_slice(a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None) -> bool:

@@ -692,6 +692,33 @@ def test_fused_launches_counts_a_scan_as_a_call_on_cpu():
     assert fused_launches(gm, table="cuda") == 1  # no call: fused like a reduction
 
 
+def _dropped_gemm_into_a_cat(x, w, training):
+    """bench/differential.py --seed 54: three GEMMs of an input's pieces, one through a
+    dropout that returns its input (p = 0, or eval), one through a cumsum, into one cat."""
+    a, b, c, d = x.split(8, 1)
+    first = a @ w
+    dropped = F.dropout(F.silu(c) @ w, p=0.0 if training else 0.5, training=training)
+    return torch.cat([first, torch.cumsum(b @ w, 1), dropped, d * first * first], 1)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["p0", "eval"])
+def test_fused_launches_sees_a_gemm_written_into_a_cat_through_a_dropout(training):
+    """Inductor writes a GEMM read through a dropout that returns its input straight into its
+    slice of the cat, as without the dropout: the silu then runs in the one kernel after the
+    first two GEMMs and the cumsum, and the third GEMM comes last (5 launches). The estimate
+    took the dropout for a view needing a copy into the slice (6)."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(lambda x, w: _dropped_gemm_into_a_cat(x, w, training))
+    inputs = [torch.randn(4, 32), torch.randn(8, 8)]
+    with torch.no_grad():
+        compiled = compile_inductor(gm, inputs, config_patches=AS_BACKEND)
+        torch.testing.assert_close(compiled.fn(*inputs), gm(*inputs))
+    assert (compiled.launches.extern, compiled.launches.fallback) == (3, 1)
+    assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == compiled.launches.total == 5
+
+
 def _rows(q, k, x, w, b):
     """A dot product, a one-row linear with K, N <= 16, and a real GEMM, with pointwise ops."""
     s = torch.tanh(q @ torch.cat(torch.split(k, 4, 1), 1).t())  # a split-cat to remove: optimize changes it
