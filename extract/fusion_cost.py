@@ -350,7 +350,7 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
     name = _target_name(n, modules)
     if draws_random(n, modules):
         return "compute"
-    if name in _FREE_TARGETS or name == "getitem" or name == "dropout":
+    if name in _FREE_TARGETS or name in ("getitem", "dropout", "keep_grads"):  # (ops.keep_grads returns its input)
         return "compute" if shape_of is not None and name in MAY_COPY and _layout_copy(n, modules, shape_of) else "view"
     if table in CPU_TABLES and name in INDEXING:
         return "compute"

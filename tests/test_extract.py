@@ -719,6 +719,22 @@ def test_fused_launches_sees_a_gemm_written_into_a_cat_through_a_dropout(trainin
     assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == compiled.launches.total == 5
 
 
+def test_fused_launches_takes_keep_grads_for_its_input():
+    """ops.keep_grads (pipeline._keep_zero_grads' wrapper of an output) launches nothing in
+    the forward: a bmm so wrapped is 1 launch, as Inductor compiles it (the estimate counted a
+    kernel for it: differential seed 52, 6 against 5)."""
+    from optimus_egg import ops
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(lambda a, b, w: ops.keep_grads(torch.bmm(a, b), w))
+    inputs = [torch.randn(4, 3, 4), torch.randn(4, 4, 4), torch.randn(4, 4)]
+    with torch.no_grad():
+        compiled = compile_inductor(gm, inputs, config_patches=AS_BACKEND)
+        torch.testing.assert_close(compiled.fn(*inputs), torch.bmm(*inputs[:2]))
+    assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == compiled.launches.total == 1
+
+
 def _rows(q, k, x, w, b):
     """A dot product, a one-row linear with K, N <= 16, and a real GEMM, with pointwise ops."""
     s = torch.tanh(q @ torch.cat(torch.split(k, 4, 1), 1).t())  # a split-cat to remove: optimize changes it
