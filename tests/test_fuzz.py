@@ -1622,6 +1622,45 @@ def test_score_products_train_in_fewer_launches_than_optimus_with_the_kernel_ord
     assert egg.launches.total < opt.launches.total, (egg.launches, opt.launches)
 
 
+def test_a_batch_a_stack_reads_in_another_order_trains_in_optimus_launches(monkeypatch):
+    """bench/differential.py --all --seed 48 --optimus --train: linears of two weights over an
+    input's two pieces, stacked in the other order. The batch, seeded in graph order only, left
+    an unbind and a stack reordering its rows, which the fusion estimate priced above the input
+    (3 launches against 2) and optimize kept the input: 4 launches in training, Optimus's 3. The
+    group is seeded in the stack's order too (from_fx `cat_order`): the unbind cancels with the
+    stack and the pieces' stack is a view of the input, 3."""
+    from optimus_egg import from_fx
+    from optimus_egg.baselines import inductor_with_optimus
+    from optimus_egg.measure import compile_inductor
+
+    prog = {'n': 2, 'd': 8, 'b': 3, 'steps': (('linear', 'shared_module', False, [1]), ('linear', 'shared_module', False, [0])),
+            'split': 'split', 'out': 'stack', 'tap': None, 'block': None, 'special': True, 'dtype': torch.float32, 'seed': 1}
+    model, x = Program(prog).to(prog["dtype"]), make_input(prog)
+    gm = fx.symbolic_trace(model)
+    params = list(model.parameters())
+
+    def trained(g):
+        for p in params:
+            p.grad = None
+        c = compile_inductor(g, [x], training=True)  # runs one backward of the outputs' sum
+        return c, [p.grad.clone() for p in params]
+
+    out = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True)
+    assert out.meta["optimus_egg"].changed and out.meta["optimus_egg"].matches["stack-of-unbind-pieces"] > 0
+    egg, egg_grads = trained(out)
+    expected, expected_grads = trained(gm)
+    torch.testing.assert_close(egg(x), expected(x), equal_nan=True)  # the input holds non-finite values
+    for got, want in zip(egg_grads, expected_grads):
+        torch.testing.assert_close(got, want, equal_nan=True)
+    optimus = compile_inductor(inductor_with_optimus(gm, [x], post_grad=True), [x], training=True).launches.total
+    assert egg.launches.total <= optimus == 3, (egg.launches, optimus)
+    graph_order = from_fx._Lowerer.cat_order
+    monkeypatch.setattr(from_fx._Lowerer, "cat_order", lambda self, members, readers=(): graph_order(self, members))
+    kept = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True)
+    assert kept.meta["optimus_egg"].kept_input
+    assert compile_inductor(kept, [x], training=True).launches.total > optimus
+
+
 # Programs where Inductor launched fewer kernels for the ablation's graph
 # (ablation.rewrite_greedily) than for optimize()'s. bench/differential.py --all --seed 16: a
 # dropout read a sigmoid through the one piece read of a split, and the sigmoid fed other

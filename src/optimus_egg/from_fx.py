@@ -1298,44 +1298,51 @@ class _Lowerer:
         ancestors = _Ancestors(self.gm.graph)
         self.independent_linears(buckets, ancestors)
         counts: dict[str, int] = defaultdict(int)
-        for (family, *_), members in buckets.items():
-            members = self.distinct(members)
-            if len(members) < 2:
+        for (family, *_), found in buckets.items():
+            found = self.distinct(found)
+            if len(found) < 2:
                 continue
             counts[family] += 1
-            # Each group's Vecs are written once into group_vec; slots refer to them (writing
-            # them out per member made seeding quadratic in group size).
-            g = counts["_groups"] = counts.get("_groups", 0) + 1
-            if family == "linear":
-                vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
-                        _vec(self.leaf_or_operand(self.kind[m][2][1]) for m in members),
-                        _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members)]
-            elif family == "layer_norm":
-                vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
-                        _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members),
-                        _vec(self.leaf_or_operand(self.kind[m][2][3]) for m in members)]
-            elif family == "binary":
-                vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
-                        _vec(self.operand(self.kind[m][2][1]) for m in members)]
-            else:
-                vecs = [_vec(self.operand(self.kind[m][2]) for m in members)]
-            self.facts += [_app("set", _app("group_vec", g, k), v) for k, v in enumerate(vecs)]
-            out = _vec([len(members), *self.shapes[members[0]]])
-            if family == "linear":
-                slots = [_app("linear_slot", g, out, i) for i in range(len(members))]
-            elif family == "layer_norm":
-                _, ns, w, b, eps = self.kind[members[0]][2]
-                slots = [_app("layer_norm_slot", g, _vec(ns), _f64(eps), out, i) for i in range(len(members))]
-            elif family == "binary":
-                tid = self.kind[members[0]][1][0]
-                slots = [_app("binary_slot", tid, g, out, i) for i in range(len(members))]
-            else:
-                tid = self.kind[members[0]][1][0]
-                slots = [_app("pointwise_slot", tid, g, out, i) for i in range(len(members))]
-            self.facts += slots
+            # in the order one stack or cat reads them too: the batch's unbind then cancels
+            # with it (bench/differential.py --train --seed 48)
+            for members in (found, *filter(None, [self.cat_order(found, ("stack", "cat", "concat"))])):
+                self.seed_group(family, members, counts)
         self.seed_lhs_groups(depth, reach, counts, ancestors)
         counts.pop("_groups", None)
         return dict(counts)
+
+    def seed_group(self, family: str, members: list[fx.Node], counts) -> None:
+        """One batch group of `family` (linear, layer_norm, pointwise, binary): its members in this order."""
+        # Each group's Vecs are written once into group_vec; slots refer to them (writing
+        # them out per member made seeding quadratic in group size).
+        g = counts["_groups"] = counts.get("_groups", 0) + 1
+        if family == "linear":
+            vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
+                    _vec(self.leaf_or_operand(self.kind[m][2][1]) for m in members),
+                    _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members)]
+        elif family == "layer_norm":
+            vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
+                    _vec(self.leaf_or_operand(self.kind[m][2][2]) for m in members),
+                    _vec(self.leaf_or_operand(self.kind[m][2][3]) for m in members)]
+        elif family == "binary":
+            vecs = [_vec(self.operand(self.kind[m][2][0]) for m in members),
+                    _vec(self.operand(self.kind[m][2][1]) for m in members)]
+        else:
+            vecs = [_vec(self.operand(self.kind[m][2]) for m in members)]
+        self.facts += [_app("set", _app("group_vec", g, k), v) for k, v in enumerate(vecs)]
+        out = _vec([len(members), *self.shapes[members[0]]])
+        if family == "linear":
+            slots = [_app("linear_slot", g, out, i) for i in range(len(members))]
+        elif family == "layer_norm":
+            _, ns, w, b, eps = self.kind[members[0]][2]
+            slots = [_app("layer_norm_slot", g, _vec(ns), _f64(eps), out, i) for i in range(len(members))]
+        elif family == "binary":
+            tid = self.kind[members[0]][1][0]
+            slots = [_app("binary_slot", tid, g, out, i) for i in range(len(members))]
+        else:
+            tid = self.kind[members[0]][1][0]
+            slots = [_app("pointwise_slot", tid, g, out, i) for i in range(len(members))]
+        self.facts += slots
 
     def code_gemm(self, elementwise: Callable[..., bool], *shapes) -> bool:
         """Is a GEMM of these shapes elementwise code by Inductor's own decompositions (True: it
@@ -1391,17 +1398,18 @@ class _Lowerer:
         self.seed_batch_matmul_groups(reach, counts, ancestors)
         counts.pop("_lhs", None)
 
-    def cat_order(self, members: list[fx.Node]) -> list[fx.Node] | None:
-        """`members` in the order one cat reads them (each read by it alone, directly or
-        through nodes lowered to their operand), where that is not their own: the wide GEMM's
-        or matmul's split then lines up with the cat and both cancel. None otherwise."""
+    def cat_order(self, members: list[fx.Node], readers: tuple[str, ...] = ("cat", "concat")) -> list[fx.Node] | None:
+        """`members` in the order one cat (or another of `readers`) reads them (each read by it
+        alone, directly or through nodes lowered to their operand), where that is not their
+        own: the wide GEMM's or matmul's split, or a batch's unbind, then lines up with the
+        reader and both cancel. None otherwise."""
         where = {}
         for m in members:
             n = m
             while len(n.users) == 1 and next(iter(n.users)) in self.identities:
                 n = next(iter(n.users))
             reader = next(iter(n.users)) if len(n.users) == 1 else None
-            if reader is None or _name(reader.target) not in ("cat", "concat") or not reader.args \
+            if reader is None or _name(reader.target) not in readers or not reader.args \
                     or not isinstance(reader.args[0], (list, tuple)) or n not in reader.args[0]:
                 return None
             where[m] = (reader, reader.args[0].index(n))
