@@ -1688,6 +1688,12 @@ _ABLATION_FEWER = {
     # pieces, 5 launches; the ablation's (lowered again, in the cat's order) 4. The group is
     # seeded in the cat's order too (from_fx `cat_order`): 4.
     "wide_gemm_in_the_cats_order": {'n': 4, 'd': 8, 'b': 2, 'steps': (('regroup', 'reversed_cat_split'), ('linear', 'own', True, [0]), ('fanout', 0, True, [0, 1, 2, 3]), ('dropout_eval', 'module', [0, 2, 3]), ('regroup', 'reversed_cat_split')), 'split': 'split', 'out': 'cat', 'tap': None, 'block': (1, 1, 'autocast_off'), 'special': False, 'dtype': torch.float64, 'seed': 5},
+    # bench/differential.py --all --seed 56: four linears of one weight over an input's pieces;
+    # three of the rows are read only by dropouts whose results nothing reads, which Inductor
+    # drops with their operands. optimize batched all four rows (stacked weights, a bmm): 7
+    # launches; the ablation batched the three dead rows apart, which Inductor dropped: 6. The
+    # unread dropouts read zeros (from_fx `unread_dropout`) and the live row stays alone: 6.
+    "dropouts_nothing_reads": {'n': 4, 'd': 4, 'b': 3, 'steps': (('linear', 'shared_module', False, [0, 1, 2, 3]), ('linear', 'shared_module', False, [0, 1, 2, 3]), ('pointwise', 'gelu', 1, [0, 1, 2, 3]), ('regroup', 'stack_unbind'), ('opaque', 'center', 3), ('dropout', 'F.dropout', [0, 1, 2, 3]), ('fanout', 0, False, [0, 1, 2, 3])), 'split': 'split', 'out': 'sum', 'tap': None, 'block': None, 'special': False, 'dtype': torch.float32, 'seed': 0},
     "matmul_groups_cut_both_ways": {'n': 5, 'd': 4, 'b': 3, 'steps': (('pointwise', 'mul_scalar', 1, [4]), ('broadcast', 'add', 'param', [1, 2]), ('attend', 2, 'bmm', 'chain', [2, 3]), ('pointwise', 'mul_scalar', 1, [0, 1, 2, 3, 4]), ('attend', 2, 'at', 'old', [0, 1, 2, 3]), ('regroup', 'cat_view_unbind')), 'split': 'split_neg', 'out': 'tuple', 'tap': (0, 2), 'block': (7, 1, 'autocast_off'), 'special': False, 'dtype': torch.float32, 'seed': 47},
     # bench/differential.py --all --seed 27: greedy extracts the saturated e-graph at 17.51
     # (9 launches) and the e-graph one iteration before at 17.01 (8, the ablation's). Whether

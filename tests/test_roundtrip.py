@@ -701,6 +701,48 @@ def test_structure_roundtrip(case, source):
     roundtrip(*SOURCES[source](model, inputs))
 
 
+class _UnreadDropouts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.drop = nn.Dropout(0.5)  # training mode: draws
+
+    def forward(self, x):
+        h = self.lin(x)
+        self.drop(torch.tanh(h))  # nothing reads these three dropouts
+        F.dropout(torch.sigmoid(h).t(), 0.3, training=True)  # a transposed operand
+        torch.dropout(h * 2, 0.25, True)
+        F.dropout(x, 0.5, training=True, inplace=True)  # writes into the input: stays as it is
+        split_cat = torch.cat(torch.split(h, 3, dim=1), dim=1)  # what optimize removes: the graph changes
+        return split_cat + torch.rand_like(h), F.dropout(h, 0.5, training=True)  # later draws see the same stream
+
+
+@pytest.mark.parametrize("source", ["fx", "dynamo"])
+def test_a_dropout_nothing_reads_reads_zeros(source):
+    """A drawing dropout whose result nothing reads reads zeros of its operand's shape: what
+    computed the operand leaves the graph (tanh, sigmoid and the multiplication here), the
+    dropouts draw as many random numbers, so the outputs and the generator state after the
+    call are those of the input graph from one seed; an in-place dropout of the input keeps
+    its operand. (Inductor drops such dropouts and their operands itself: where nothing else
+    is cheaper, optimize returns the input.)"""
+    model = _UnreadDropouts()
+    gm, inputs = SOURCES[source](model, (x46(),))
+    out = optimize(gm, inputs, budget_s=1.0, strict=True)
+    targets = [n.target for n in out.graph.nodes]
+    assert targets.count(torch.zeros) >= 1 and not {torch.tanh, torch.sigmoid} & set(targets)
+    assert sum(1 for n in out.graph.nodes if n.target is torch.zeros for u in n.users) == 3
+
+    def ran(g):
+        xs = [_clone(v) for v in inputs]
+        torch.manual_seed(0)
+        with torch.no_grad():
+            got = g(*xs)
+        return got, xs, torch.rand(8)
+
+    for got, want in zip(ran(out), ran(gm)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("source", ["fx", "aten"])
 def test_slice_of_mutated_tensor_stays_opaque(source):
     """y[:, 1:3] is written in place: its slicing stays (an effect); x[:, 0:2] becomes a narrow."""

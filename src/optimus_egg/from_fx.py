@@ -753,6 +753,8 @@ class _Lowerer:
     def opaque(self, n: fx.Node, deps: list, shared: bool = False):
         args, kwargs, operands = self.abstract(n)
         values = [self.item(*a) if isinstance(a, tuple) else self.operand(a) for a in operands]
+        if self.unread_dropout(n, operands):
+            values[0] = self.zeros_like(operands[0])
         tid = self.template(n.op, n.target, args, kwargs, shared and not deps, n_deps=len(deps),
                             contiguous=self.keeps_layout(n, operands))
         if shared and not deps and not kwargs and args == (Slot(0), Slot(1)) and _is_matmul(n):
@@ -762,6 +764,26 @@ class _Lowerer:
         if self.tuple_valued(n) and n not in self.effect_set:
             return ("pieces", _app("call_multi", tid, _vec([*values, *deps])))
         return _app("call", tid, _vec([*values, *deps]))
+
+    def unread_dropout(self, n: fx.Node, operands: list) -> bool:
+        """Is `n` a dropout drawing its mask whose result nothing reads? The values it reads are
+        then dead: Inductor drops them with it, and eager draws as many random numbers for a
+        tensor of zeros of their shape and dtype (a dropout's draws depend on its input's size
+        alone), so it reads zeros and what computed them leaves the graph (a batch no longer
+        pays for rows only such a dropout reads: `bench/differential.py --seed 56`)."""
+        if n.users or self.symbols or not operands or n.args[:1] != (operands[0],) or isinstance(operands[0], tuple):
+            return False
+        if "dropout" not in (type(_submodule(n, self.modules)).__name__.lower() if n.op == "call_module"
+                             else _name(n.target)):
+            return False
+        v = self.values.get(operands[0])
+        return isinstance(v, (torch.Tensor, shapes.Meta)) and draws_random(n, self.modules) and not is_mutation(n, self.modules)
+
+    def zeros_like(self, a: fx.Node) -> str:
+        v = self.values[a]
+        tid = self.template("call_function", torch.zeros, (tuple(v.shape),), {"dtype": v.dtype, "device": v.device},
+                            shared=True)
+        return _app("call", tid, _vec([]))
 
     def keeps_layout(self, n: fx.Node, operands: list[fx.Node]) -> bool:
         """Does a layout-following random op (a dropout, or _LAYOUT_DRAWS: rand_like & co., the
