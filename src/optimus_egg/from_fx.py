@@ -207,6 +207,13 @@ _PURE_NAMES = {
     "_to_copy", "sym_size", "floor_divide", "triu_indices", "diagonal", "addcmul", "fill",
 }
 _LAYOUT_DRAWS = {"empty_like", "rand_like", "randn_like", "randint_like", "bernoulli"}
+# Dropouts whose random draws depend on their input's shape and dtype alone (from_fx
+# `unread_dropout`); a subclass or a function of another name may do anything.
+_DROPOUTS = {torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+             torch.nn.FeatureAlphaDropout, torch.nn.functional.dropout, torch.nn.functional.dropout1d,
+             torch.nn.functional.dropout2d, torch.nn.functional.dropout3d, torch.nn.functional.alpha_dropout,
+             torch.nn.functional.feature_alpha_dropout, torch.dropout, torch.feature_dropout, torch.alpha_dropout,
+             torch.feature_alpha_dropout, torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default}
 _RANDOM = {"dropout", "rand", "randn", "randint", "bernoulli", "multinomial", "normal",
            "rand_like", "randn_like", "randint_like", "native_dropout", "uniform", "alpha_dropout"}
 
@@ -773,8 +780,7 @@ class _Lowerer:
         pays for rows only such a dropout reads: `bench/differential.py --seed 56`)."""
         if n.users or self.symbols or not operands or n.args[:1] != (operands[0],) or isinstance(operands[0], tuple):
             return False
-        if "dropout" not in (type(_submodule(n, self.modules)).__name__.lower() if n.op == "call_module"
-                             else _name(n.target)):
+        if (type(_submodule(n, self.modules)) if n.op == "call_module" else n.target) not in _DROPOUTS:
             return False
         v = self.values.get(operands[0])
         return isinstance(v, (torch.Tensor, shapes.Meta)) and draws_random(n, self.modules) and not is_mutation(n, self.modules)
