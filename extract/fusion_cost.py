@@ -233,7 +233,9 @@ def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
             continue
         if k == "compute" and _target_name(n, modules) in COPIES:
             d = set()
-            for a in n.all_input_nodes:
+            operands: list[fx.Node] = []  # with repeats: a GEMM's result is written into one slice of `stack([m, m])`
+            fx.node.map_arg((n.args, n.kwargs), operands.append)
+            for a in operands:
                 a = _passed_through(a, kind, modules)
                 into = kind.get(a) == "extern" and a not in fixed and _gemm_into_slice(a, modules, shape_of)
                 if into:
