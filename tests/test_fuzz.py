@@ -1717,6 +1717,30 @@ def test_a_program_the_ablation_compiled_to_fewer_launches_no_longer_does(name):
     assert after <= min(before, greedy), (before, after, greedy)
 
 
+def test_products_of_one_first_operand_compile_as_the_ablations_with_the_kernel_order():
+    """bench/differential.py --all --seed 56 (as the backend compiles, with the kernel order):
+    score products of one first operand `m` (a GEMM's result) over two second operands. A
+    batch_matmul group stacked `m` with itself, a copy between two GEMMs: 11 launches; the
+    ablation's one matmul of the concatenated second operands (batch_matmul_lhs) 10. Products
+    of one first operand now seed no batch_matmul group (from_fx `seed_batch_matmul_groups`):
+    10, and the fusion estimate says so."""
+    from optimus_egg.ablation import rewrite_greedily
+    from optimus_egg.bench import fx_shapes
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.kernel_order import KERNEL_ORDER
+    from optimus_egg.measure import compile_inductor
+
+    prog = {'n': 3, 'd': 3, 'b': 4, 'steps': (('stack_binary', 'sub', 1, 'reversed', [1]), ('nested', 'sigmoid', {'sizes1': (1, 1, 3, 1, 1, 1, 1), 'j': 2, 'sizes2': (2, 1), 'spell1': ('slice_neg', 'slice_neg', 'slice', 'slice_neg', 'slice', 'narrow', 'narrow_neg'), 'spell2': 'narrow', 'flags': (False, False, True, False, False, False, True, False), 'cut': 2, 'dim': 1}), ('linear', 'own', False, [0, 2]), ('dropout', 'torch.dropout', [2]), ('attend', 0, 'matmul', 'chain', [0, 1, 2]), ('uneven', 'relu', (5, 4)), ('stack_binary', 'mul', 0, 'same', [0, 1]), ('dropout_eval', 'module', [0, 1, 2])), 'split': 'view_unbind', 'out': 'stack', 'tap': (5, 1), 'block': (5, 2, 'checkpoint'), 'special': True, 'dtype': torch.float32, 'seed': 7291}
+    model, x = Program(prog).to(prog["dtype"]).eval(), make_input(prog)
+    gm = fx.symbolic_trace(model)
+    out = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True)
+    torch.testing.assert_close(run(out, x), run(gm, x), equal_nan=True)
+    after, greedy = (compile_inductor(g, [x], config_patches=KERNEL_ORDER).launches.total
+                     for g in (out, rewrite_greedily(gm, [x])))
+    assert after <= greedy, (after, greedy)
+    assert fused_launches(out, fx_shapes(out, [x])) == after
+
+
 def test_a_small_search_keeps_its_cheapest_snapshot_whatever_the_clock(monkeypatch):
     """`last_e_graph_extracts_costlier`: with the clock made to allow no snapshot, optimize()
     keeps the cheaper extraction of an earlier iteration, with a worker and without, and

@@ -1510,7 +1510,8 @@ class _Lowerer:
         dims are stacked untransposed, the stack then transposed (a view). Operands of one rank
         only (a broadcast across ranks would pair the new dim with a batch dim). Products the
         target computes as elementwise code join no group: fused with their neighbours, they
-        launch nothing that a batch would save."""
+        launch nothing that a batch would save. Nor do sets of one first operand, whose stack
+        would copy it once per member: a matmul_lhs group reads it once."""
         buckets: dict[tuple, list[fx.Node]] = defaultdict(list)
         for n, (x, y, tid) in self.mm_kind.items():
             xs, ys = self.shapes.get(x), self.shapes.get(y)
@@ -1525,8 +1526,8 @@ class _Lowerer:
             buckets[key].append(n)
         for (tid, _, _, _, _, transposed, *_), candidates in buckets.items():
             for members in ancestors.independent_sets(self.distinct(candidates)) if len(candidates) > 1 else ():
-                if len(members) < 2:
-                    continue
+                if len(members) < 2 or len({self.expr.get(self.mm_kind[m][0]) for m in members}) == 1:
+                    continue  # one first operand: a matmul_lhs group (seed_matmul_groups) reads it once
                 counts["matmul"] += 1
                 g = counts["_groups"] = counts.get("_groups", 0) + 1
                 ys = [self.mm_kind[m][1] for m in members]

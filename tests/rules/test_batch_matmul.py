@@ -2,6 +2,7 @@ import operator
 
 import torch
 from optimus_egg.rules.batch_matmul import batch_matmul
+from optimus_egg.rules.batch_matmul_lhs import batch_matmul_lhs
 from optimus_egg.rules.unbind_stack import unbind_stack
 
 from optimus_egg.testing import calls, fired, optimize_with
@@ -33,6 +34,21 @@ def test_batch_matmul_transposed():
     assert fired(report, "batch-matmul-transposed") and not fired(report, "batch-matmul")
     assert report.groups["matmul"] == 1 and calls(after, operator.matmul) == 1
     assert calls(after, torch.movedim) == 1 and calls(after, "t") == 0 and calls(after, "transpose") == 0
+
+
+def one_query_two_keys(q, k1, k2):
+    return [torch.softmax(q @ k, -1) for k in (k1, k2)]
+
+
+def test_products_of_one_first_operand_are_left_to_batch_matmul_lhs():
+    """Products of one first operand seed no batch_matmul group: stacking the operand with
+    itself is a copy (`stack([q, q])`), where batch_matmul_lhs's one matmul of the concatenated
+    second operands reads it once (`bench/differential.py --seed 56`: 11 launches, the greedy
+    ablation's graph 10)."""
+    q, ks = torch.randn(4, 8), [torch.randn(8, 6) for _ in range(2)]
+    after, report = optimize_with(one_query_two_keys, (batch_matmul, batch_matmul_lhs), q, *ks)
+    assert "matmul" not in report.groups and report.groups["matmul_lhs"] == 1
+    assert fired(report, "batch-matmul-lhs") and calls(after, operator.matmul) == 1 and calls(after, torch.stack) == 0
 
 
 def per_feature_attention(queries, seqs):
