@@ -1863,12 +1863,13 @@ FIRING = {
     "attend_aten_mm": (_prog([("attend", 0, "matmul", "old", (0, 1, 2))]), "make_fx", ["batch-linear-lhs"], []),
     # x is part 0, updated first: the later products read it, so none share a query
     "attend_chain": (_prog([("attend", 0, "matmul", "chain", (0, 1))]), "fx", [], ["batch-matmul-lhs"]),
-    # the weighted sums (tanh(score) @ p_i) are alike and independent; so are the score
-    # products x @ p_i.t(), whose keys come transposed
     "shared_linear_over_pieces": (_prog([("linear", "shared_fn", False, [0, 1, 2])], split="view_unbind"), "fx",
                                   ["linear-of-unbind-piece"], []),
+    # the weighted sums (tanh(score) @ p_i) are alike and independent: one batched product;
+    # the score products x @ p_i.t() share their query x: one product of the concatenated
+    # keys, not a stack of x with itself (from_fx `seed_batch_matmul_groups`)
     "attend_batch": (_prog([("attend", 0, "at", "old", (0, 1, 2))]), "fx",
-                     ["batch-matmul", "batch-matmul-transposed"], []),
+                     ["batch-matmul", "batch-matmul-lhs"], ["batch-matmul-transposed"]),
 }
 DROPOUT_EVAL = [("dropout_eval", how, (0, 1, 2)) for how in ["F_eval", "torch_eval", "module", "p0", "self_training"]]
 
