@@ -121,8 +121,11 @@ def _results_needing_grad(body: fx.GraphModule) -> list[bool] | None:
     mode = next(iter(modes.values())) if len(modes) == 1 else None
     if mode is None or not all(isinstance(v, (torch.Tensor, int, float, bool, torch.SymInt)) for v in values):
         return None
-    with mode, torch.enable_grad(), torch._guards.tracing(None):  # (see shapes._run)
-        out = fx.Interpreter(body).run(*values)
+    try:
+        with mode, torch.enable_grad(), torch._guards.tracing(None):  # (see shapes._run)
+            out = fx.Interpreter(body).run(*values)
+    except RuntimeError:  # torch 2.13's baddbmm meta cannot expand a bias to symbolic sizes here
+        return None
     out = list(out) if isinstance(out, (tuple, list)) else [out]
     return [isinstance(o, torch.Tensor) and o.requires_grad for o in out]
 
