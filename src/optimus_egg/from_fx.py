@@ -1526,7 +1526,7 @@ class _Lowerer:
             buckets[key].append(n)
         for (tid, _, _, _, _, transposed, *_), candidates in buckets.items():
             for members in ancestors.independent_sets(self.distinct(candidates)) if len(candidates) > 1 else ():
-                if len(members) < 2 or len({self.expr.get(self.mm_kind[m][0]) for m in members}) == 1:
+                if len(members) < 2 or len({self.expr.get(x, x) for x in (self.mm_kind[m][0] for m in members)}) == 1:
                     continue  # one first operand: a matmul_lhs group (seed_matmul_groups) reads it once
                 counts["matmul"] += 1
                 g = counts["_groups"] = counts.get("_groups", 0) + 1
