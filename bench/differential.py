@@ -22,7 +22,7 @@ backward of the outputs' sum): optimus_egg's and the ablation's as the backend c
 (`baselines.as_backend_compiles`: the post-grad passes too; not the GEMM loops, which this
 search prices without, `optimize`'s default), Optimus's with its post-grad
 passes too, as the bench's training arm; the fusion estimate, a forward-only figure, is then left out. Prints one row per
-compiled program (flagged ones, the estimate's misses among them, with the program) and a
+compiled program (flagged ones, the estimate's misses and the ablation's cheaper graphs among them, with the program) and a
 summary.
 """
 from __future__ import annotations
@@ -100,6 +100,8 @@ def run(seed: int, programs: int, every: bool, with_optimus: bool = False, train
         estimates.extend(off)
         flag = ("  optimus_egg above its input" if launches[1] > launches[0] else
                 "  ablation fewer" if launches[2] < launches[1] else "")
+        if cost_greedy < cost_egg - 1e-6:
+            flag += "  ablation cheaper"
         if any(off):  # the estimate minus the launches, per graph
             flag += "  estimate off (input / egg / ablation: " + " / ".join(f"{d:+d}" for d in off) + ")"
         extra = ""

@@ -1,9 +1,9 @@
-"""batch_linear family: N independent same-signature linears are one bmm on stacked operands, unbound;
-a linear of a piece (not cut on the last dim) is the piece of the linear of the whole."""
+"""batch_linear family: N independent same-signature linears are one bmm on stacked operands, unbound
+(one linear of the stacked inputs where they read one weight and bias); a linear of a piece (not cut on the last dim) is the piece of the linear of the whole."""
 from egglog import Vec, eq, i64, rule, ruleset, set_, union
 
 from optimus_egg.sorts import (Pieces, Tensor, batched_linear, group_vec, linear, linear_slot, piece_linear_hi,
-                               piece_linear_lo, shape, split, stack, unbind)
+                               piece_linear_lo, shape, shared_weight, split, stack, unbind)
 
 batch_linear = ruleset(name="batch_linear")
 
@@ -19,6 +19,14 @@ def _(g: i64, xs: Vec[Tensor], ws: Vec[Tensor], bs: Vec[Tensor], i: i64, s: Vec[
                name="batch-linear").then(
         union(linear(xs[i], ws[i], bs[i])).with_(unbind(y, 0)[i]),
         set_(shape(y)).to(s),
+    )
+
+    # mirrors: beyond Optimus (members of one weight and bias: one linear of the stacked inputs, no stacked weights)
+    yield rule(linear_slot(g, s, i), shared_weight(g),
+               eq(xs).to(group_vec(g, 0)), eq(ws).to(group_vec(g, 1)), eq(bs).to(group_vec(g, 2)),
+               name="batch-linear-shared-weight").then(
+        union(linear(xs[i], ws[i], bs[i])).with_(unbind(linear(stack(xs, 0), ws[0], bs[0]), 0)[i]),
+        set_(shape(linear(stack(xs, 0), ws[0], bs[0]))).to(s),
     )
 
     # mirrors: beyond Optimus (marks the pieces a linear of one weight reads, for the two below)

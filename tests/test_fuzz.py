@@ -1670,6 +1670,46 @@ def test_a_batch_a_stack_reads_in_another_order_trains_in_optimus_launches(monke
     assert compile_inductor(kept, [x], training=True).launches.total > optimus
 
 
+def test_a_batch_of_one_weight_trains_as_one_linear_of_the_stack():
+    """bench/differential.py --all --seed 50 --train: a linear's result and a cat, both read by
+    linears of one weight, batched as a bmm of that weight stacked twice. Its backward summed
+    the weight's two gradient slices and copied the tangent into a stack: 9 launches per
+    training step, the ablation's graph 8. The members of one weight and bias are one linear of
+    their stacked inputs (`batch-linear-shared-weight`): 8, and 4 in inference as before."""
+    from optimus_egg import ops
+    from optimus_egg.ablation import rewrite_greedily
+    from optimus_egg.baselines import as_backend_compiles
+    from optimus_egg.kernel_order import KERNEL_ORDER
+    from optimus_egg.measure import compile_inductor
+
+    prog = {'n': 2, 'd': 4, 'b': 2, 'steps': (('linear', 'shared_fn', False, [1]), ('nested', 'sigmoid', {'sizes1': (4, 4), 'j': 0, 'sizes2': (1, 3), 'spell1': ('torch_narrow', 'narrow_neg'), 'spell2': 'method_split', 'flags': (False, True, False), 'cut': 2, 'dim': 1}), ('linear', 'shared_module', False, [0, 1]), ('broadcast', 'sub', 'param', [0])),
+            'split': 'method_split', 'out': 'sum', 'tap': None, 'block': (2, 1, 'checkpoint'), 'special': True, 'dtype': torch.float32, 'seed': 15294}
+    model, x = Program(prog).to(prog["dtype"]).eval(), make_input(prog)
+    gm = fx.symbolic_trace(model)
+    params = list(model.parameters())
+
+    def trained(g):
+        for p in params:
+            p.grad = None
+        c = compile_inductor(g, [x], training=True, config_patches=KERNEL_ORDER)  # one backward of the outputs' sum
+        return c, [p.grad.clone() for p in params]
+
+    def step(g):
+        return trained(as_backend_compiles(g, gemm_loops=False))[0].launches.total
+
+    out = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True)
+    assert out.meta["optimus_egg"].matches.get("batch-linear-shared-weight", 0) > 0
+    assert not any(n.target is ops.batched_linear for n in out.graph.nodes)
+    egg, egg_grads = trained(out)
+    expected, expected_grads = trained(gm)
+    torch.testing.assert_close(egg(x), expected(x), equal_nan=True)  # the input holds non-finite values
+    for got, want in zip(egg_grads, expected_grads):
+        torch.testing.assert_close(got, want, equal_nan=True)
+    assert step(out) <= step(rewrite_greedily(gm, [x])) == 8
+    stacked = optimus_egg.optimize(gm, [x], budget_s=2.0, strict=True, disable=["batch-linear-shared-weight"])
+    assert any(n.target is ops.batched_linear for n in stacked.graph.nodes) and step(stacked) > 8
+
+
 # Programs where Inductor launched fewer kernels for the ablation's graph
 # (ablation.rewrite_greedily) than for optimize()'s. bench/differential.py --all --seed 16: a
 # dropout read a sigmoid through the one piece read of a split, and the sigmoid fed other

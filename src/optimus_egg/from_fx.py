@@ -1361,6 +1361,8 @@ class _Lowerer:
         out = _vec([len(members), *self.shapes[members[0]]])
         if family == "linear":
             slots = [_app("linear_slot", g, out, i) for i in range(len(members))]
+            if all(len({self.expr.get(a, a) for a in (self.kind[m][2][k] for m in members)}) == 1 for k in (1, 2)):
+                slots.append(_app("shared_weight", g))  # one weight and bias: one linear of the stack
         elif family == "layer_norm":
             _, ns, w, b, eps = self.kind[members[0]][2]
             slots = [_app("layer_norm_slot", g, _vec(ns), _f64(eps), out, i) for i in range(len(members))]

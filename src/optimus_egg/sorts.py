@@ -128,6 +128,11 @@ def linear_slot(g: i64Like, out: Vec[i64], i: i64Like) -> Unit:
     `out` is the shape of the stacked result [N, *member shape]."""
 
 
+@function(egg_fn="shared_weight")
+def shared_weight(g: i64Like) -> Unit:
+    """The members of linear group g (linear_slot) read one weight, and one bias or none."""
+
+
 @function(egg_fn="linear_lhs_slot")
 def linear_lhs_slot(x: Tensor, g: i64Like, sizes: Vec[i64], d: i64Like, out: Vec[i64], i: i64Like) -> Unit:
     """Member i of group g: linears reading the same x, weights/biases group_vec(g, 1..2);
@@ -248,7 +253,7 @@ CHECK_FACTS = frozenset({"last_operand", "pieces_probe", "pieces_span"})
 
 __all__ = [
     "Outputs", "Pieces", "Tensor", "Vec", "batched_layer_norm", "batched_linear", "cat", "cat_operand", "even_split", "flatten", "movedim", "unflatten", "f64",
-    "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "matmul_lhs_slot", "matmul_slot", "matmul_t_slot", "node", "pieces_from",
+    "group_vec", "i64", "layer_norm", "layer_norm_slot", "linear", "linear_lhs_slot", "linear_slot", "shared_weight", "matmul_lhs_slot", "matmul_slot", "matmul_t_slot", "node", "pieces_from",
     "pieces_probe", "pieces_span", "last_operand",
     "pointwise_slot", "shape", "split", "stack", "unbind", "binary_slot", "narrow", "narrow_merge", "narrow_merge_len", "narrow_run",
     "reshape", "split_starts", "squeeze", "piece_linear_lo", "piece_linear_hi",
@@ -257,6 +262,6 @@ __all__ = [
 # Everything from_fx's seed program may mention, declared to egglog before it runs.
 DECLARED = [Tensor.input, Tensor.none, Tensor.call, Tensor.unary, Pieces.call, Pieces.__getitem__, Outputs.of,
             linear, layer_norm, cat, stack, split, unbind, movedim, flatten, unflatten, even_split, batched_linear, batched_layer_norm,
-            shape, node, group_vec, linear_slot, linear_lhs_slot, matmul_lhs_slot, matmul_slot, matmul_t_slot, layer_norm_slot, pointwise_slot, pieces_from, pieces_probe, pieces_span, last_operand,
+            shape, node, group_vec, linear_slot, shared_weight, linear_lhs_slot, matmul_lhs_slot, matmul_slot, matmul_t_slot, layer_norm_slot, pointwise_slot, pieces_from, pieces_probe, pieces_span, last_operand,
             Tensor.binary, binary_slot, narrow, squeeze, split_starts, narrow_run, reshape, cat_operand,
             piece_linear_lo, piece_linear_hi]

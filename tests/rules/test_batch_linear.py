@@ -386,3 +386,37 @@ def test_batched_biases_stay_stacked_where_a_gemm_reads_a_row():
     after, report = optimize_with(RowsIntoGemms(), batch_linear, torch.randn(3, 4, 16))
     [bl] = [n for n in after.graph.nodes if n.target is ops.batched_linear]
     assert fired(report, "batch-linear") and bl.args[2] is not None and calls(after, torch.add) == 0
+
+
+class SharedLinear(nn.Module):
+    """One nn.Linear over n independent inputs (the members of a batch read one weight and bias)."""
+
+    def __init__(self, n=3, k=16, o=32):
+        super().__init__()
+        self.n, self.l = n, nn.Linear(k, o)
+
+    def forward(self, x):
+        xs = torch.unbind(torch.sigmoid(x), dim=0)  # computed inputs: no view of x to read whole
+        return [self.l(torch.tanh(xs[i]) * (i + 1)) for i in range(self.n)]
+
+
+def test_batch_linear_shared_weight():
+    """Members reading one weight and bias are one linear of their stacked inputs: no stack of
+    the weight (a copy per call, and in training a sum of its slices in the backward)."""
+    after, report = optimize_with(torch.fx.symbolic_trace(SharedLinear()), batch_linear, torch.randn(3, 4, 16))
+    assert fired(report, "batch-linear-shared-weight")
+    assert calls(after, ops.batched_linear) == 0 and calls(after, torch._C._nn.linear) == 1
+    assert [n.args[0].target for n in after.graph.nodes if n.target is torch._C._nn.linear] == [torch.stack]
+
+
+def test_batch_linear_shared_weight_needs_one_bias():
+    """One weight but biases of their own: the group stacks them (batch-linear); the rule cannot fire."""
+    w = torch.randn(32, 16)
+    ba, bb = torch.randn(32), torch.randn(32)
+
+    def before(x, y):
+        return F.linear(torch.tanh(x), w, ba), F.linear(torch.tanh(y), w, bb)
+
+    after, report = optimize_with(before, batch_linear, torch.randn(4, 16), torch.randn(4, 16))
+    assert fired(report, "batch-linear") and not fired(report, "batch-linear-shared-weight")
+    assert calls(after, ops.batched_linear) == 1
