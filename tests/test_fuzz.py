@@ -832,6 +832,12 @@ def low_precision(prog, dtype):
                                                    ("pointwise", "relu", 0, [1]), ("pointwise", "sigmoid", 0, [2])),
                "split": "split", "out": "tuple", "tap": None, "block": None, "special": False,
                "dtype": torch.float32, "seed": 5}, dtype=torch.bfloat16)
+# Three linears of one module over an input's pieces: one linear of their stack, which is a
+# view of the input, not contiguous: a matmul, then the bias add rounds again. A group with a
+# bias joins one linear only in float32 / float64 (from_fx._Lowerer.shared_weight).
+@example(prog={"n": 3, "d": 3, "b": 1, "steps": (("dropout", "F.dropout", [0]), ("linear", "shared_module", True, [0, 1, 2])),
+               "split": "split", "out": "cat", "tap": None, "block": None, "special": False,
+               "dtype": torch.float32, "seed": 0}, dtype=torch.bfloat16)
 def test_random_graph_rounds_no_worse_in_low_precision(prog, dtype):
     """In bfloat16 / float16 a rewrite may change the order of a sum but must not round more
     often (a linear's bias added after its GEMM rounds twice, where addmm rounds once): the

@@ -1361,8 +1361,8 @@ class _Lowerer:
         out = _vec([len(members), *self.shapes[members[0]]])
         if family == "linear":
             slots = [_app("linear_slot", g, out, i) for i in range(len(members))]
-            if all(len({self.expr.get(a, a) for a in (self.kind[m][2][k] for m in members)}) == 1 for k in (1, 2)):
-                slots.append(_app("shared_weight", g))  # one weight and bias: one linear of the stack
+            if self.shared_weight(members):
+                slots.append(_app("shared_weight", g))
         elif family == "layer_norm":
             _, ns, w, b, eps = self.kind[members[0]][2]
             slots = [_app("layer_norm_slot", g, _vec(ns), _f64(eps), out, i) for i in range(len(members))]
@@ -1373,6 +1373,19 @@ class _Lowerer:
             tid = self.kind[members[0]][1][0]
             slots = [_app("pointwise_slot", tid, g, out, i) for i in range(len(members))]
         self.facts += slots
+
+    def shared_weight(self, members: list[fx.Node]) -> bool:
+        """Do linears `members` read one weight and one bias, or none (`batch-linear-shared-weight`:
+        one linear of their stacked inputs)? Not with a bias of bfloat16 / float16 or of a dtype not
+        known: a linear of a stack that is not contiguous (a view of the input, where its pieces'
+        stack is one) computes a matmul rounded before its bias add rounds again, where each
+        member's addmm rounds once (tests/test_fuzz.py
+        `test_random_graph_rounds_no_worse_in_low_precision`)."""
+        if any(len({self.expr.get(a, a) for a in (self.kind[m][2][k] for m in members)}) > 1 for k in (1, 2)):
+            return False
+        b = self.kind[members[0]][2][2]
+        value = self.parameter(b[5:]) if isinstance(b, str) and b.startswith("attr:") else self.values.get(b)
+        return b is None or getattr(value, "dtype", None) in (torch.float32, torch.float64)
 
     def code_gemm(self, elementwise: Callable[..., bool], *shapes) -> bool:
         """Is a GEMM of these shapes elementwise code by Inductor's own decompositions (True: it
