@@ -1,5 +1,6 @@
 """batch_linear family: N independent same-signature linears are one bmm on stacked operands, unbound
-(one linear of the stacked inputs where they read one weight and bias); a linear of a piece (not cut on the last dim) is the piece of the linear of the whole."""
+(one linear of the stacked inputs where they read one weight and bias); a linear of a piece (not
+cut on the last dim) is the piece of the linear of the whole."""
 from egglog import Vec, eq, i64, rule, ruleset, set_, union
 
 from optimus_egg.sorts import (Pieces, Tensor, batched_linear, group_vec, linear, linear_slot, piece_linear_hi,
