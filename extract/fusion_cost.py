@@ -115,6 +115,9 @@ def fused_launches(gm: fx.GraphModule | fx.Graph, shape_of: Callable[[fx.Node], 
         random = random or draws_random(n, modules)
         leafy[n] = all(leafy.get(a, False) for a in ins) and kind[n] != "extern"
 
+    for n in _returned(graph, kind):  # a dropout that returns its input, returned: Inductor
+        if kind.get(n) == "view" and _target_name(n, modules) == "dropout":  # returns a copy (its
+            kind[n], leafy[n] = "compute", False  # decomposition's clone)
     cpu = table in CPU_TABLES
     if cpu and shape_of is not None:  # `mm(a, b) + t` is one call, addmm(t, a, b): the add is
         # the call, the mm a view of its operands (`_folded_add`)

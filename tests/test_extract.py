@@ -719,6 +719,33 @@ def test_fused_launches_sees_a_gemm_written_into_a_cat_through_a_dropout(trainin
     assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == compiled.launches.total == 5
 
 
+class _EvalDropoutReturned(nn.Module):
+    """A piece of the input through an eval dropout (a function and a module), returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.4).eval()
+
+    def forward(self, x):
+        a, b, c = torch.split(x, 8, dim=1)
+        return F.dropout(a, 0.4, training=False), self.drop(b), c
+
+
+def test_fused_launches_counts_the_copy_of_a_returned_eval_dropout():
+    """A dropout that returns its input is a view to the estimate, but returned as an output
+    Inductor computes its decomposition's clone: one kernel copying both pieces (differential
+    seed 59, programs 988 and 628: estimate 0, launches 1)."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(_EvalDropoutReturned())
+    inputs = [torch.randn(4, 24)]
+    with torch.no_grad():
+        compiled = compile_inductor(gm, inputs, config_patches=KERNEL_ORDER)
+        torch.testing.assert_close(compiled.fn(*inputs), gm(*inputs))
+    assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == compiled.launches.total == 1
+
+
 def _gemm_stacked_twice(a, b, c):
     m = a @ b
     return torch.bmm(torch.stack([m, m]), c)
