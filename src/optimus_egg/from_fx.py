@@ -1252,10 +1252,21 @@ class _Lowerer:
             return None  # bounds normalized against a symbolic size
         return _app("narrow", self.sliced(x), d, start, max(stop - start, 0))
 
+    def value_of(self, a):
+        """The value of operand `a`: a node's example value, a module parameter's ("attr:" leaf)."""
+        if isinstance(a, str):
+            return self.parameter(a[5:]) if a.startswith("attr:") else None
+        return self.values.get(a)
+
     def shape_of(self, a):
         if isinstance(a, str):
-            return tuple(self.parameter(a[5:]).shape) if a.startswith("attr:") else None
+            v = self.value_of(a)
+            return None if v is None else tuple(v.shape)
         return self.shapes.get(a)
+
+    def one_operand(self, members: list[fx.Node], k: int) -> bool:
+        """Do `members` (of one kind) read one and the same operand k?"""
+        return len({self.expr.get(a, a) for a in (self.kind[m][2][k] for m in members)}) == 1
 
     def parameter(self, target: str) -> torch.nn.Parameter:
         """gm.get_parameter(target), from a table of all parameters built once."""
@@ -1381,11 +1392,10 @@ class _Lowerer:
         stack is one) computes a matmul rounded before its bias add rounds again, where each
         member's addmm rounds once (tests/test_fuzz.py
         `test_random_graph_rounds_no_worse_in_low_precision`)."""
-        if any(len({self.expr.get(a, a) for a in (self.kind[m][2][k] for m in members)}) > 1 for k in (1, 2)):
+        if not (self.one_operand(members, 1) and self.one_operand(members, 2)):
             return False
         b = self.kind[members[0]][2][2]
-        value = self.parameter(b[5:]) if isinstance(b, str) and b.startswith("attr:") else self.values.get(b)
-        return b is None or getattr(value, "dtype", None) in (torch.float32, torch.float64)
+        return b is None or getattr(self.value_of(b), "dtype", None) in (torch.float32, torch.float64)
 
     def code_gemm(self, elementwise: Callable[..., bool], *shapes) -> bool:
         """Is a GEMM of these shapes elementwise code by Inductor's own decompositions (True: it
@@ -1412,8 +1422,7 @@ class _Lowerer:
                 depth_groups.add(frozenset(self.distinct(members)))
         for (sig, *rest), candidates in by_sig.items():
             candidates = self.distinct(candidates)
-            one_weight = len({self.expr.get(w, w) for w in (self.kind[m][2][1] for m in candidates)}) == 1
-            if not (2 < len(candidates) or one_weight) or len(candidates) > INDEPENDENT_MAX:
+            if not (2 < len(candidates) or self.one_operand(candidates, 1)) or len(candidates) > INDEPENDENT_MAX:
                 continue
             for j, found in enumerate(ancestors.independent_sets(candidates)):
                 if len(found) > 1 and frozenset(found) not in depth_groups:
