@@ -238,9 +238,10 @@ def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
             d = set()
             operands: list[fx.Node] = []  # with repeats: a GEMM's result is written into one slice of `stack([m, m])`
             fx.node.map_arg((n.args, n.kwargs), operands.append)
+            rows = _slices_have_rows(n, modules)
             for a in operands:
                 a = _passed_through(a, kind, modules)
-                into = kind.get(a) == "extern" and a not in fixed and _gemm_into_slice(a, modules, shape_of)
+                into = rows and kind.get(a) == "extern" and a not in fixed and _gemm_into_slice(a, modules, shape_of)
                 if into:
                     fixed.add(a)  # written into this slice: the next cat of it copies it
                 if kind.get(a) == "compute" or into:
@@ -344,6 +345,19 @@ def _gemm_into_slice(a: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Sh
     if shape is not None:  # a linear of a 3-D input is a view of a 2-D GEMM's result: copied
         return name in ("linear", "mm", "addmm", "matmul") and len(shape) == 2
     return name in ("linear", "mm", "addmm")
+
+
+def _slices_have_rows(n: fx.Node, modules: dict) -> bool:
+    """Are the slices of cat or stack `n`'s buffer that its 2-D operands fill made of rows (a
+    unit stride along their last dim), so that a GEMM can write its result there? Not a stack
+    along a new last dim (dim 2 or -1 of 2-D operands): Inductor copies each GEMM's result into
+    it, code between the GEMM and any reader (observed, torch 2.13:
+    `bench/differential.py --seed 60`, three matmuls stacked at dim 2 before linears of the
+    pieces)."""
+    if _target_name(n, modules) != "stack":
+        return True
+    dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+    return not isinstance(dim, int) or dim % 3 != 2
 
 
 def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None] | None = None,
