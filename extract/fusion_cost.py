@@ -13,7 +13,8 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
 - a cat or stack of computed tensors is free: each producer writes into its slice (a view
   of one, or an input, is copied: the cat is then a kernel of its own); on CPU so is a 2-D
   GEMM's result (linear, mm), not a bmm's (`_gemm_into_slice`), nor one the graph returns
-  or another cat took first (`_returned`);
+  or another cat took first (`_returned`), nor one stacked along a new last dim, whose slice
+  is no run of rows (`_slices_have_rows`);
 - a reshape, flatten or contiguous that the strides of a permuted operand allow no view of
   is a copy, computed like an elementwise op (`_layout_copy`); on CPU an index_select or
   gather is code too, not a call;
