@@ -47,7 +47,7 @@ from optimus_egg.extract.launch_cost import (CPU_TABLES, GEMM_TARGETS, REDUCTION
                                              elementwise_batched_linear, elementwise_linear, elementwise_matmul,
                                              gemm_macs, linear_macs, loop_work)
 from optimus_egg.gemm_loops import MAX_MACS
-from optimus_egg.from_fx import draws_random, is_mutation
+from optimus_egg.from_fx import _side_writes, draws_random, is_mutation, written_aliases
 from optimus_egg.kernel_order import CALL, CODE, FREE, latest_phases
 
 EXTERN = GEMM_TARGETS | {"batched_linear", "embedding_bag", "_embedding_bag", "index_select", "gather",
@@ -195,10 +195,22 @@ def fused_launches(gm: fx.GraphModule | fx.Graph, shape_of: Callable[[fx.Node], 
 
 
 def _live(graph: fx.Graph, modules: dict) -> set[fx.Node]:
-    """Nodes whose values or writes reach the output (the rest is dead code)."""
+    """Nodes whose values or writes reach the output (the rest is dead code). A write is dead
+    where nothing reads what it writes into afterwards and that is no graph input or parameter
+    (a clone written in place and then left: Inductor drops the write and what computed the
+    clone); a random one, or one updating a module's state, is kept."""
     live: set[fx.Node] = set()
+    order = {n: i for i, n in enumerate(graph.nodes)}
+
+    def write_read(n: fx.Node) -> bool:
+        if draws_random(n, modules) or _side_writes(n, modules) is not None:
+            return True
+        return any(a.op in ("placeholder", "get_attr") or any(u in live and order[u] > order[n] for u in a.users)
+                   for a in written_aliases(graph, modules, [n]))
+
     for n in reversed(graph.nodes):
-        if n.op in ("output", "placeholder") or is_mutation(n, modules) or any(u in live for u in n.users):
+        if n.op in ("output", "placeholder") or any(u in live for u in n.users) or (
+                is_mutation(n, modules) and write_read(n)):
             live.add(n)
     return live
 
@@ -223,6 +235,13 @@ def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
         """The items a value stands for: itself, or what a view of it reads."""
         return {index[a]} if a in index else under.get(a, set())
 
+    writes: list[tuple[int, set[fx.Node]]] = []  # the writes so far: (item, what may alias what it writes into)
+
+    def reads(a: fx.Node) -> set[int]:
+        """The items reading `a` here waits on: what it stands for, and the writes so far into
+        anything it may alias (Inductor reads the written buffer: `written_aliases`)."""
+        return feeds(a) | {i for i, aliases in writes if a in aliases}
+
     def item(k: str, d: set[int]) -> int:
         kinds.append(k)
         deps.append(d)
@@ -246,18 +265,20 @@ def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
                 if into:
                     fixed.add(a)  # written into this slice: the next cat of it copies it
                 if kind.get(a) == "compute" or into:
-                    d |= feeds(a)
+                    d |= reads(a)
                 else:
-                    d.add(item(CODE, set(feeds(a))))  # a copy into the slice
+                    d.add(item(CODE, reads(a)))  # a copy into the slice
             k, d = FREE, d
         else:
-            k, d = (CALL if k == "extern" else CODE), set().union(*map(feeds, n.all_input_nodes))
+            k, d = (CALL if k == "extern" else CODE), set().union(*map(reads, n.all_input_nodes))
             copied, add = _gemm_of_strided(n, modules, shape_of) if k == CALL and shape_of else (None, False)
             if copied is not None:
-                d.add(item(CODE, feeds(copied)))  # the copy of its operand, code waiting on that operand alone
+                d.add(item(CODE, reads(copied)))  # the copy of its operand, code waiting on that operand alone
             if add:  # the call, then the bias add: code reading its result, which n's readers wait on
                 k, d = CODE, {item(CALL, d)}
         index[n] = item(k, d | ({0} if draws_random(n, modules) else set()))
+        if is_mutation(n, modules):
+            writes.append((index[n], written_aliases(graph, modules, [n])))
     phase = latest_phases(kinds, deps)
     runs: dict[int, list[fx.Node]] = {}  # code phase -> its computed nodes, in graph order
     for n, i in index.items():
