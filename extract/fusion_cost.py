@@ -26,7 +26,10 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
 - given shapes, on CPU, `mm(a, b) + t` (a 2-D matmul or bias-less linear whose one reader is
   the add) is one addmm(t, a, b) (Inductor's post-grad pattern; of `mm1 + mm2` the second):
   code where a has one row and b is at most 16 x 16, else a call that the add is part of;
-  `m + m` of such an mm folds too, as addmm(m, a, b), the product again beside the mm.
+  `m + m` of such an mm folds too, as addmm(m, a, b), the product again beside the mm;
+- an in-place write is code; a read after it of anything that may alias what it wrote into
+  waits on it (Inductor reads the written buffer), and a write nothing reads afterwards into
+  a tensor the graph made (no input or parameter) is dead, as is what only it reads (`_live`).
 
 On CPU (`launch_cost.CPU_TABLES`: "cpu", and "cpu_loops" for a compile with small GEMMs as
 loops) the kernels are then counted as Inductor's C++ backend writes them with the backend's
