@@ -105,7 +105,8 @@ def fused_launches(gm: fx.GraphModule | fx.Graph, shape_of: Callable[[fx.Node], 
     graph = gm if isinstance(gm, fx.Graph) else gm.graph
     modules = {} if isinstance(gm, fx.Graph) else dict(gm.named_modules(remove_duplicate=False))
     random = False  # a random op: Inductor draws the graph's seeds in one fallback call
-    live = _live(graph, modules)
+    written = _writes(graph, modules)
+    live = _live(graph, modules, written)
     for n in graph.nodes:
         if n not in live:
             continue  # dead code: Inductor removes it
@@ -160,7 +161,7 @@ def fused_launches(gm: fx.GraphModule | fx.Graph, shape_of: Callable[[fx.Node], 
 
     externs = sum(1 for k in kind.values() if k == "extern")
     if cpu:
-        return externs + _cpu_kernels(graph, modules, live, kind, shape_of) + random
+        return externs + _cpu_kernels(graph, modules, live, kind, shape_of, written) + random
     compute = [n for n in graph.nodes if kind.get(n) == "compute"]
     free_cat = set()
     for n in compute:
@@ -197,29 +198,34 @@ def fused_launches(gm: fx.GraphModule | fx.Graph, shape_of: Callable[[fx.Node], 
     return externs + kernels + math.ceil(lonely_copies / MAX_FUSION) + random
 
 
-def _live(graph: fx.Graph, modules: dict) -> set[fx.Node]:
+def _writes(graph: fx.Graph, modules: dict) -> dict[fx.Node, set[fx.Node]]:
+    """Each in-place write -> what may alias what it writes into (`from_fx.written_aliases`)."""
+    return {n: written_aliases(graph, modules, [n]) for n in graph.nodes if is_mutation(n, modules)}
+
+
+def _live(graph: fx.Graph, modules: dict, written: dict[fx.Node, set[fx.Node]] | None = None) -> set[fx.Node]:
     """Nodes whose values or writes reach the output (the rest is dead code). A write is dead
     where nothing reads what it writes into afterwards and that is no graph input or parameter
     (a clone written in place and then left: Inductor drops the write and what computed the
     clone); a random one, or one updating a module's state, is kept."""
     live: set[fx.Node] = set()
     order = {n: i for i, n in enumerate(graph.nodes)}
+    written = _writes(graph, modules) if written is None else written
 
     def write_read(n: fx.Node) -> bool:
         if draws_random(n, modules) or _side_writes(n, modules) is not None:
             return True
         return any(a.op in ("placeholder", "get_attr") or any(u in live and order[u] > order[n] for u in a.users)
-                   for a in written_aliases(graph, modules, [n]))
+                   for a in written[n])
 
     for n in reversed(graph.nodes):
-        if n.op in ("output", "placeholder") or any(u in live for u in n.users) or (
-                is_mutation(n, modules) and write_read(n)):
+        if n.op in ("output", "placeholder") or any(u in live for u in n.users) or (n in written and write_read(n)):
             live.add(n)
     return live
 
 
 def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
-                 shape_of: Callable[[fx.Node], Shape | None] | None) -> int:
+                 shape_of: Callable[[fx.Node], Shape | None] | None, written: dict[fx.Node, set[fx.Node]]) -> int:
     """C++ kernels as the optimus_egg backend compiles a graph: Inductor's C++ backend writes
     everything it schedules between two calls (an extern kernel, an ATen fallback) into one
     kernel, fused or not, and the backend's kernel order (kernel_order.py) schedules the code
@@ -228,7 +234,8 @@ def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
     operand gets into its slice apart, written there by its producer (a computed value, a 2-D
     GEMM's result: `_gemm_into_slice`, unless it is returned or already written into another
     cat: `_returned`) or copied by code that waits on that operand alone (a view, an input,
-    another call's result). A random op waits on the seed draw, a call. A run
+    another call's result). A random op waits on the seed draw, a call; a read, on the writes
+    before it into anything it may alias (`written`: `_writes`). A run
     whose kernel would take more than MAX_KERNEL_ARGS buffers is cut (`_split_by_args`)."""
     kinds, deps = [CALL], [set()]  # item 0: the seed draw
     index: dict[fx.Node, int] = {}
@@ -280,8 +287,8 @@ def _cpu_kernels(graph: fx.Graph, modules: dict, live: set[fx.Node], kind: dict,
             if add:  # the call, then the bias add: code reading its result, which n's readers wait on
                 k, d = CODE, {item(CALL, d)}
         index[n] = item(k, d | ({0} if draws_random(n, modules) else set()))
-        if is_mutation(n, modules):
-            writes.append((index[n], written_aliases(graph, modules, [n])))
+        if n in written:
+            writes.append((index[n], written[n]))
     phase = latest_phases(kinds, deps)
     runs: dict[int, list[fx.Node]] = {}  # code phase -> its computed nodes, in graph order
     for n, i in index.items():
