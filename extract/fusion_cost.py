@@ -209,13 +209,12 @@ def _live(graph: fx.Graph, modules: dict, written: dict[fx.Node, set[fx.Node]] |
     (a clone written in place and then left: Inductor drops the write and what computed the
     clone); a random one, or one updating a module's state, is kept."""
     live: set[fx.Node] = set()
-    order = {n: i for i, n in enumerate(graph.nodes)}
     written = _writes(graph, modules) if written is None else written
 
     def write_read(n: fx.Node) -> bool:
         if draws_random(n, modules) or _side_writes(n, modules) is not None:
             return True
-        return any(a.op in ("placeholder", "get_attr") or any(u in live and order[u] > order[n] for u in a.users)
+        return any(a.op in ("placeholder", "get_attr") or any(u in live for u in a.users)  # (live: nodes after n)
                    for a in written[n])
 
     for n in reversed(graph.nodes):
