@@ -401,7 +401,9 @@ def node_kind(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | N
     if draws_random(n, modules):
         return "compute"
     if name in _FREE_TARGETS or name in ("getitem", "dropout", "keep_grads"):  # (ops.keep_grads returns its input)
-        return "compute" if shape_of is not None and name in MAY_COPY and _layout_copy(n, modules, shape_of) else "view"
+        copies = shape_of is not None and ((name in MAY_COPY and _layout_copy(n, modules, shape_of))
+                                           or (name == "dropout" and _clone_copies(n, modules, shape_of)))
+        return "compute" if copies else "view"
     if table in CPU_TABLES and name in INDEXING:
         return "compute"
     if (name in EXTERN or name in _MODULE_EXTERN or "batched_linear" in name
@@ -431,11 +433,26 @@ def _layout_copy(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape 
     return isinstance(out, torch.Tensor) and out is not values[chain[1]] and not out._is_view()
 
 
+def _clone_copies(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None]) -> bool:
+    """Does this dropout that returns its input (eval, or p = 0) copy? Inductor computes it as
+    a clone of its operand, which it drops where the clone keeps the operand's strides (a
+    contiguous or merely permuted one) and otherwise computes as a copy, elementwise code: a
+    narrow of a wider tensor's columns, which a clone packs (observed, torch 2.13:
+    `bench/differential.py --seed 62`, eval dropouts of `chunk(x, 5, dim=1)`'s pieces before
+    their linears, each piece copied by a kernel of its own)."""
+    chain = _view_chain(n, modules)
+    if chain is None or len(chain) < 3:  # the operand is a computed value, taken as contiguous
+        return False
+    values = _replayed(chain, modules, shape_of)
+    v, out = values.get(chain[1]), values.get(n)
+    return isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor) and out.stride() != v.stride()
+
+
 def _gemm_of_strided(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Shape | None]
                      ) -> tuple[fx.Node | None, bool]:
     """(the operand copied before the call, a bias add after it) for a linear (or a matmul by
-    a matrix) of a 3-D or wider operand that is not contiguous (a permute or transpose in the
-    views before it; computed values and graph inputs are taken as contiguous). ATen's
+    a matrix) of a 3-D or wider operand that is not contiguous (a permute, a transpose or a
+    narrow in the views before it; computed values and graph inputs are taken as contiguous). ATen's
     linear flattens only a contiguous operand into one addmm; otherwise it calls matmul and
     adds the bias after, code reading the call's result. matmul flattens the operand to rows
     where the weight requires a gradient, copying it where no view can (a clone, code waiting
@@ -463,7 +480,7 @@ def _gemm_of_strided(n: fx.Node, modules: dict, shape_of: Callable[[fx.Node], Sh
     if not shape or len(shape) < 3:
         return None, False
     chain = _view_chain(x, modules)
-    if chain is None or not any(_target_name(c, modules) in _REORDERS for c in chain[:-1]):
+    if chain is None:
         return None, False
     v = _replayed(chain, modules, shape_of).get(x)
     if not isinstance(v, torch.Tensor) or v.is_contiguous():
@@ -518,7 +535,9 @@ def _replayed(chain: list[fx.Node], modules: dict, shape_of: Callable[[fx.Node],
         values[src] = torch.empty(shape, device="meta")
         for c in reversed(chain[:-1]):
             args, kwargs = fx.map_arg((c.args, c.kwargs), value)
-            if c.op == "call_method":
+            if _target_name(c, modules) == "dropout":  # a clone, as Inductor computes it (`_clone_copies`)
+                values[c] = args[0].clone()
+            elif c.op == "call_method":
                 values[c] = getattr(args[0], c.target)(*args[1:], **kwargs)
             elif c.op == "call_module":
                 values[c] = modules[c.target](*args, **kwargs)

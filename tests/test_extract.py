@@ -1071,3 +1071,39 @@ def test_fused_launches_orders_reads_after_in_place_writes(fn, launches):
         compiled = compile_inductor(gm, inputs, config_patches=KERNEL_ORDER)
         torch.testing.assert_close(compiled.fn(*inputs), gm(*inputs))
     assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == compiled.launches.total == launches
+
+
+class _StridedGemmOperand(nn.Module):
+    def __init__(self, case: str):
+        super().__init__()
+        self.case, self.lin = case, nn.Linear(8, 8)
+
+    def forward(self, x):
+        if self.case == "eval_dropout_of_columns":  # the dropout's clone packs the columns: a copy kernel
+            return self.lin(F.dropout(x[:, :8], 0.5, training=False))
+        if self.case == "eval_dropout_of_rows":  # rows are contiguous: the clone is dropped
+            return self.lin(F.dropout(x[:8], 0.5, training=False)[:, :8])
+        if self.case == "eval_dropout_of_transpose":  # a permuted clone keeps its strides: dropped
+            return self.lin(F.dropout(x.t(), 0.5, training=False)[:, :8])
+        # a linear of a narrowed 3-D value: ATen's matmul, a bias add after it (code), and the
+        # narrow copied first where no view flattens it to rows (code before the call)
+        return self.lin(x.view(4, 4, 16)[:, :2, :8])
+
+
+@pytest.mark.parametrize("case, launches", [("eval_dropout_of_columns", 2), ("eval_dropout_of_rows", 1),
+                                            ("eval_dropout_of_transpose", 1), ("linear_of_narrow", 3)])
+def test_fused_launches_sees_copies_of_strided_gemm_operands(case, launches):
+    """An eval dropout is a clone to Inductor: dropped where it keeps its operand's strides, a
+    copy where it packs a narrow of columns (differential seed 62: eval dropouts of
+    `chunk(x, 5, dim=1)`'s pieces before their linears, the estimate 9 where Inductor launched
+    10). A linear of a non-contiguous 3-D value that is no permute (a narrow) calls matmul and
+    adds its bias after; the estimate took both for views and counted one call."""
+    from optimus_egg.extract.fusion_cost import fused_launches
+    from optimus_egg.measure import compile_inductor
+
+    gm = fx.symbolic_trace(_StridedGemmOperand(case).eval())
+    inputs = [torch.randn(16, 16)]
+    with torch.no_grad():
+        compiled = compile_inductor(gm, inputs, config_patches=KERNEL_ORDER)
+        torch.testing.assert_close(compiled.fn(*inputs), gm(*inputs))
+    assert fused_launches(gm, from_fx(gm, inputs).shapes.get) == compiled.launches.total == launches
