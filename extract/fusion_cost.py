@@ -19,7 +19,12 @@ launches. Observed in Inductor's generated code (torch 2.13, CPU; `bench/calibra
   is a copy, computed like an elementwise op (`_layout_copy`); on CPU an index_select or
   gather is code too, not a call;
 - a dropout that draws (F.dropout's `training` defaults to True) computes like an elementwise
-  op, and any random op adds one fallback call that draws the graph's seeds;
+  op, and any random op adds one fallback call that draws the graph's seeds; one that draws
+  nothing (eval, p = 0) is a clone: dropped where it keeps its operand's strides, a copy
+  where it packs a narrow of columns (`_clone_copies`);
+- a linear of a non-contiguous 3-D or wider operand (a permute or a narrow before it) calls
+  matmul, its bias added after, copying the operand first where no view flattens it to rows
+  (`_gemm_of_strided`);
 - given shapes, a GEMM that Inductor's CPU decompositions compute as elementwise code (a
   one-row linear with K, N <= 16, a dot product, a small outer product, a batched
   matrix-vector product: launch_cost.py) computes like an elementwise op;
