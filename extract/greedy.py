@@ -329,7 +329,7 @@ def _plan_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, in
                 kid_ids: list[list[int]], own: list[float], item_of: list) -> tuple[float, bool]:
     """The exact DAG cost change of `plan` (class -> node; a class `choice` lacks is added):
     new edges first, then the replaced nodes' edges, dropping the classes nothing reads; and
-    whether an item drops out while its tuple stays read."""
+    whether an item leaves the choice (replaced, or read no more) while its tuple stays read."""
     counts: dict[int, int] = {}
     tuples: list[int] = []  # tuples an item that drops out read
     delta = 0.0
@@ -337,6 +337,8 @@ def _plan_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, in
         delta += own[k] - (own[choice[cls]] if cls in choice else 0.0)
         for j in kid_ids[k]:
             counts[j] = counts.get(j, refs.get(j, 0)) + 1
+        if cls in choice and item_of[choice[cls]] is not None:
+            tuples.append(item_of[choice[cls]][0])  # the replaced node: an item of its tuple
     todo = [j for cls in plan if cls in choice for j in kid_ids[choice[cls]]]
     while todo:
         j = todo.pop()

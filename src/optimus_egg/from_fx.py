@@ -1335,7 +1335,7 @@ class _Lowerer:
             if k[0] in ("linear", "layer_norm", "pointwise", "binary") and n in self.expr and n in self.shapes:
                 buckets[(k[0], k[1], depth[n], n in reach, n.meta.get(PART))].append(n)
         ancestors = _Ancestors(self.gm.graph)
-        self.independent_linears(buckets, ancestors)
+        self.independent_groups(buckets, ancestors)
         counts: dict[str, int] = defaultdict(int)
         for (family, *_), found in buckets.items():
             found = self.distinct(found)
@@ -1403,11 +1403,14 @@ class _Lowerer:
         launch_cost.batch_of_loops) decides whether its group batches."""
         return elementwise(*shapes, "cpu" if self.cost_table in LOOP_LIMITS else self.cost_table)
 
-    def independent_linears(self, buckets: dict[tuple, list[fx.Node]], ancestors: _Ancestors) -> None:
-        """Linears of one signature at different depths with no path between two of them
-        (parallel branches of unequal length, which depth groups keep apart): the independent
-        sets that no depth group already is join `buckets` as groups of their own, beside the
-        depth groups; extraction picks. Signatures of 3 to INDEPENDENT_MAX linears
+    def independent_groups(self, buckets: dict[tuple, list[fx.Node]], ancestors: _Ancestors) -> None:
+        """Linears (or layer norms) of one signature at different depths with no path between
+        two of them (parallel branches of unequal length, which depth groups keep apart): the
+        independent sets that no depth group already is join `buckets` as groups of their own,
+        beside the depth groups; extraction picks. Layer norms, as linears, for those that
+        follow a batch of linears at two depths (`bench/differential.py --train --seed 54`: the
+        layer norms of four linears of one weight, grouped by depth as two pairs, needed a
+        second GEMM). Signatures of 3 to INDEPENDENT_MAX linears
         (independent_sets compares members pairwise; pairs gave the same bench launches, but
         with them and a fusion-estimate change four tests failed, not separated), and pairs
         reading one weight (one GEMM of both inputs: `bench/differential.py --seed 54`, one
@@ -1417,16 +1420,17 @@ class _Lowerer:
         by_sig: dict[tuple, list[fx.Node]] = defaultdict(list)
         depth_groups = set()
         for (family, sig, _, *rest), members in buckets.items():
-            if family == "linear":
-                by_sig[(sig, *rest)] += members
+            if family in ("linear", "layer_norm"):
+                by_sig[(family, sig, *rest)] += members
                 depth_groups.add(frozenset(self.distinct(members)))
-        for (sig, *rest), candidates in by_sig.items():
+        for (family, sig, *rest), candidates in by_sig.items():
             candidates = self.distinct(candidates)
-            if not (2 < len(candidates) or self.one_operand(candidates, 1)) or len(candidates) > INDEPENDENT_MAX:
+            if not (2 < len(candidates) or (family == "linear" and self.one_operand(candidates, 1))) \
+                    or len(candidates) > INDEPENDENT_MAX:
                 continue
             for j, found in enumerate(ancestors.independent_sets(candidates)):
                 if len(found) > 1 and frozenset(found) not in depth_groups:
-                    buckets[("linear", sig, ("independent", j), *rest)] = found
+                    buckets[(family, sig, ("independent", j), *rest)] = found
 
     def seed_lhs_groups(self, depth, reach, counts, ancestors: _Ancestors) -> None:
         """Linears reading the same input (same depth, same bias presence): one wide GEMM. Fewer

@@ -307,7 +307,7 @@ def _bias_after_unbind(graph: fx.Graph, modules: dict, root: torch.nn.Module) ->
     copy in a kernel of its own (the post-grad batch-linear pass adds biases per row too).
     Measured (1 s, inference / training launches, `as_backend_compiles`): interformer 47 -> 43
     / 111 -> 107; dhen's independent-set batch of its output projections 24 -> 22 in
-    inference (from_fx.independent_linears); no other bench model has such a linear.
+    inference (from_fx.independent_groups); no other bench model has such a linear.
     Not where a bias is bfloat16 / float16 (or of a dtype not known): the bmm's result is
     rounded before the add rounds again, where the baddbmm rounds once (masknet's training
     step in bfloat16: gradients 1.4 x further from float64's than eager's; `root` holds the
