@@ -331,7 +331,7 @@ def _plan_delta(plan: dict[int, int], choice: dict[int, int], refs: dict[int, in
     new edges first, then the replaced nodes' edges, dropping the classes nothing reads; and
     whether an item leaves the choice (replaced, or read no more) while its tuple stays read."""
     counts: dict[int, int] = {}
-    tuples: list[int] = []  # tuples an item that drops out read
+    tuples: list[int] = []  # tuples an item leaving the choice read
     delta = 0.0
     for cls, k in plan.items():
         delta += own[k] - (own[choice[cls]] if cls in choice else 0.0)

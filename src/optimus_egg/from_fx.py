@@ -1407,10 +1407,10 @@ class _Lowerer:
         """Linears (or layer norms) of one signature at different depths with no path between
         two of them (parallel branches of unequal length, which depth groups keep apart): the
         independent sets that no depth group already is join `buckets` as groups of their own,
-        beside the depth groups; extraction picks. Layer norms, as linears, for those that
-        follow a batch of linears at two depths (`bench/differential.py --train --seed 54`: the
-        layer norms of four linears of one weight, grouped by depth as two pairs, needed a
-        second GEMM). Signatures of 3 to INDEPENDENT_MAX linears
+        beside the depth groups; extraction picks. Layer norms: signatures of 3 to
+        INDEPENDENT_MAX (those of a batch of linears at two depths: `bench/differential.py
+        --train --seed 54`, four linears of one weight whose layer norms, two pairs by depth,
+        needed a second GEMM). Linears: signatures of 3 to INDEPENDENT_MAX
         (independent_sets compares members pairwise; pairs gave the same bench launches, but
         with them and a fusion-estimate change four tests failed, not separated), and pairs
         reading one weight (one GEMM of both inputs: `bench/differential.py --seed 54`, one
