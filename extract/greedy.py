@@ -64,14 +64,15 @@ def greedy(g: Graph, node_cost: Callable[[Node], float]) -> Extraction:
     # an item pays its tuple's cost over the tuple's fanout: (pieces class, item index) or None
     item_of = [(cls_id[n.children[0]], g.values[n.children[1]]) if n.op == "item" else None for n in n_of]
     parents: list[list[int]] = [[] for _ in members]
-    for i, ks in enumerate(kid_ids):
-        for j in (ks if len(ks) < 2 else set(ks)):
+    distinct = [ks if len(ks) < 2 else list(dict.fromkeys(ks)) for ks in kid_ids]  # stack([x, x]) reads x once
+    for i, ks in enumerate(distinct):
+        for j in ks:
             parents[j].append(i)
     root = cls_id[g.root]
     divisor = _fanout(range(len(n_of)), item_of)  # every item the e-graph holds
 
     def extract(divisor: dict[int, int]) -> tuple[dict[int, int], float]:
-        best = _prices(members, kid_ids, parents, node_cls, own_of, item_of, divisor)
+        best = _prices(members, distinct, parents, node_cls, own_of, item_of, divisor)
         chosen = _reuse(root, _select(root, members, kid_ids, best), members, kid_ids, own_of)
         chosen = _unbatch(root, chosen, members, kid_ids, own_of, item_of)
         chosen = _swap(root, chosen, members, kid_ids, own_of, best, item_of)
@@ -110,8 +111,9 @@ def _fanout(nodes, item_of) -> dict[int, int]:
 
 
 def _prices(members, kid_ids, parents, node_cls, own_of, item_of, divisor) -> list[float]:
-    """Each node's cost by the fixpoint: its own cost plus its children's classes' costs, an
-    item its tuple's class cost over `divisor[tuple]`."""
+    """Each node's cost by the fixpoint: its own cost plus its children's classes' costs (each
+    class once: `kid_ids` lists them without repeats), an item its tuple's class cost over
+    `divisor[tuple]`."""
     inf = math.inf
     cost = [inf] * len(members)
     best = [inf] * len(own_of)  # a node's cost once the fixpoint has priced it
