@@ -3,6 +3,7 @@ well the launch cost model ranks graphs by the launches Inductor really makes.
 
     python bench/extraction.py                  # every model but illustrative_10k
     python bench/extraction.py --models dlrm,hstu --ilp-limit 10
+    python bench/extraction.py --random 67 --programs 40   # random programs instead
 
 Part 1, per model: saturate at budget 1 s (the rules and limits optimize() uses), then
 extract with extract.greedy and with extract.ilp (HiGHS, --ilp-limit seconds, default 10).
@@ -28,6 +29,11 @@ the optimus_egg arms only). The optimus_egg and greedy-rules arms are priced and
 the bench's are, with the backend's GEMM loops (src/optimus_egg/gemm_loops.py) and their
 parameter copies computed once (src/optimus_egg/hoist.py; `optimize(..., hoisted=True)`). Spearman is computed with numpy (scipy is not installed):
 Pearson correlation of average ranks.
+
+With `--random SEED`, instead: greedy vs ILP on the saturated e-graphs (budget 2 s, as
+bench/differential.py optimizes) of `--programs` random programs of tests/test_fuzz.py's
+strategy (hypothesis seed SEED, the programs differential.py draws for that seed); each
+program where greedy's cost is more than 0.01 above ILP's is printed, then a summary.
 """
 from __future__ import annotations
 
@@ -197,14 +203,47 @@ def part2(models: list[str]) -> None:
           + (f"; mean of defined {sum(defined) / len(defined):.3f}" if defined else ""))
 
 
+def random_gaps(seed: int, programs: int, ilp_limit: float) -> list[float]:
+    """Greedy's cost minus ILP's on each random program's saturated e-graph (--random)."""
+    sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests")]
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from test_fuzz import Program, make_input
+    from test_fuzz import programs as program_strategy
+
+    gaps: list[float] = []
+
+    @settings(max_examples=programs, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @hypothesis_seed(seed)
+    @given(prog=program_strategy())
+    def one(prog):
+        model, x = Program(prog).to(prog["dtype"]).eval(), make_input(prog)
+        _, (g, cost, gr, _), _ = saturated(fx.symbolic_trace(model), [x], 2.0)
+        res = ilp(g, cost, ilp_limit, start=gr)
+        gaps.append(gr.cost - res.extraction.cost)
+        if gaps[-1] > 0.01:
+            mark = "" if res.optimal else " (ILP not proven optimal)"
+            print(f"greedy {gr.cost:.3f} ILP {res.extraction.cost:.3f}{mark}\n    program: {prog}", flush=True)
+
+    one()
+    print(f"{len(gaps)} programs; greedy above ILP by more than 0.01 on {sum(g > 0.01 for g in gaps)}, "
+          f"most {max(gaps, default=0.0):.3f}")
+    return gaps
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(default_models()))
     ap.add_argument("--ilp-limit", type=float, default=10.0, help="ILP time limit per model, seconds")
     ap.add_argument("--skip-ilp", action="store_true")
     ap.add_argument("--skip-spearman", action="store_true")
+    ap.add_argument("--random", type=int, metavar="SEED", help="random programs of this hypothesis seed instead")
+    ap.add_argument("--programs", type=int, default=40, help="with --random: how many programs")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.random is not None:
+        random_gaps(args.random, args.programs, args.ilp_limit)
+        return 0
     models = [m for m in args.models.split(",") if m]
     if not args.skip_ilp:
         part1(models, args.ilp_limit)

@@ -204,6 +204,16 @@ def test_stack_limit_probe_batches_two_gemms(op):
     assert batched == apart - 1 and ratio > 0 and ms > 0
 
 
+def test_extraction_script_random_programs_end_to_end(capsys):
+    """bench/extraction.py --random on a few programs: one gap per program, none negative (the
+    ILP starts from greedy's choice), and a summary that counts them."""
+    import extraction
+
+    gaps = extraction.random_gaps(seed=1, programs=3, ilp_limit=10.0)
+    assert 1 <= len(gaps) <= 3 and min(gaps) >= -1e-6, gaps
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"{len(gaps)} programs; greedy above ILP")
+
+
 @pytest.mark.parametrize("train", [False, True])
 def test_differential_script_end_to_end(capsys, train):
     """bench/differential.py on a few programs, every one compiled, PyTorch's Optimus too:
