@@ -1585,6 +1585,24 @@ def test_a_write_into_an_input_another_input_views_keeps_the_graph(sharing):
     assert apart.meta["optimus_egg"].changed and apart.meta["optimus_egg"].kept_input is None
 
 
+def test_tensors_of_symbolic_sizes_count_as_sharing_an_element():
+    """shapes.share_elements lays out the storage to compare offsets exactly; with symbolic
+    sizes (a dynamic-shape capture's example values) it cannot, and answers True, the side
+    optimize keeps safe on (it keeps a graph writing into shared memory), instead of raising."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from optimus_egg.shapes import share_elements
+
+    base = torch.randn(4, 6)
+    assert share_elements(base, base[1:3]) and not share_elements(base[:2], base[2:])
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fake = mode.from_tensor(base, symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 2))
+    assert not isinstance(fake.shape[0], int)
+    with mode:
+        assert share_elements(fake[:2], fake[2:]) and share_elements(fake, fake[1:3])
+
+
 def test_the_backend_keeps_a_graph_that_writes_into_an_input_another_input_views():
     """The same model through torch.compile, called with x and x[1:3]: its values are eager's."""
     torch._dynamo.reset()

@@ -283,7 +283,11 @@ def share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Do two tensors of one storage (the caller checks that) share an element? Their offsets
     compared exactly; their spans, where their element sizes differ or the storage is over
     2**24 elements (an over-count only where strided pieces interleave). Sizes, strides and
-    offsets only: fake tensors too."""
+    offsets only: fake tensors too. Where one is symbolic (a dynamic-shape capture's example
+    values) no exact answer exists: True, the side the callers keep safe on (optimize keeps a
+    graph that writes into shared memory as it is)."""
+    if not all(type(v) is int for t in (a, b) for v in (*t.shape, *t.stride(), t.storage_offset())):
+        return True
     if a.element_size() != b.element_size() or a.untyped_storage().nbytes() // a.element_size() > 2 ** 24:
         spans = [(t.storage_offset() * t.element_size(),
                   (t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size())
